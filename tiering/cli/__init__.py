@@ -1,0 +1,1 @@
+"""The ``tiering`` command line."""

@@ -1,0 +1,63 @@
+"""Structured logging: one JSON object per line.
+
+Use ``log = get_logger(__name__)`` and ``log.info("segment uploaded", topic=t, partition=p)``:
+the message is the event, keyword arguments become fields of the JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as a JSON line with its structured fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        doc.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+class StructuredLogger(logging.LoggerAdapter):
+    """A logger whose methods take fields as keyword arguments."""
+
+    def _log_fields(self, level: int, msg: str, exc_info: Any, fields: dict[str, Any]) -> None:
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, msg, exc_info=exc_info, extra={"fields": fields}, stacklevel=3)
+
+    def debug(self, msg: str, *, exc_info: Any = None, **fields: Any) -> None:  # type: ignore[override]
+        self._log_fields(logging.DEBUG, msg, exc_info, fields)
+
+    def info(self, msg: str, *, exc_info: Any = None, **fields: Any) -> None:  # type: ignore[override]
+        self._log_fields(logging.INFO, msg, exc_info, fields)
+
+    def warning(self, msg: str, *, exc_info: Any = None, **fields: Any) -> None:  # type: ignore[override]
+        self._log_fields(logging.WARNING, msg, exc_info, fields)
+
+    def error(self, msg: str, *, exc_info: Any = None, **fields: Any) -> None:  # type: ignore[override]
+        self._log_fields(logging.ERROR, msg, exc_info, fields)
+
+
+def get_logger(name: str) -> StructuredLogger:
+    return StructuredLogger(logging.getLogger(name), {})
+
+
+def configure(level: str = "INFO", stream: Any = None) -> None:
+    """Send all of this project's logs as JSON lines to ``stream`` (stderr by default)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
