@@ -1,0 +1,26 @@
+"""Pure policy: which segment to copy next, what local and remote retention may delete.
+
+No I/O here: the sidecar's loops gather the facts (local segments, Kafka offsets, remote metadata)
+and ask these functions what to do, so every rule is unit-testable on its own.
+"""
+
+from tiering.policy.copy import CopyDecision, LocalSegmentInfo, next_segment_to_copy
+from tiering.policy.offsets import OffsetViolation, PartitionOffsets
+from tiering.policy.retention import (
+    RemoteSegmentInfo,
+    RetentionSettings,
+    local_retention_target,
+    remote_segments_to_expire,
+)
+
+__all__ = [
+    "CopyDecision",
+    "LocalSegmentInfo",
+    "OffsetViolation",
+    "PartitionOffsets",
+    "RemoteSegmentInfo",
+    "RetentionSettings",
+    "local_retention_target",
+    "next_segment_to_copy",
+    "remote_segments_to_expire",
+]
