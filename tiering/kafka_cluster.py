@@ -1,0 +1,161 @@
+"""What the sidecar asks of the Kafka cluster, through confluent-kafka's AdminClient.
+
+Topic ids and configs, partition leaders, the three local offsets (Lx, Ly, Lz) and
+``delete_records`` (how local retention advances the log start offset). Every call has a timeout
+and failures surface as ``KafkaClusterError`` naming the topic or partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+
+from tiering.errors import TieringError
+
+
+class KafkaClusterError(TieringError):
+    """A request to the Kafka cluster failed or timed out. Retry later; nothing was changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLeader:
+    partition: int
+    leader: int | None
+    replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic's id (Kafka's base64 Uuid string), partitions and the configs tiering reads."""
+
+    name: str
+    topic_id: str
+    partitions: tuple[PartitionLeader, ...]
+    configs: dict[str, str]
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.configs.get("cleanup.policy", "delete")
+
+    def config_int(self, name: str, default: int) -> int:
+        value = self.configs.get(name)
+        return default if value is None else int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalOffsets:
+    """Lx (log start), Ly (last stable), Lz (log end) and the current leader epoch of a partition."""
+
+    lx: int
+    ly: int
+    lz: int
+    leader_epoch: int
+
+
+_TOPIC_CONFIGS = (
+    "cleanup.policy",
+    "retention.ms",
+    "retention.bytes",
+    "segment.bytes",
+    "remote.storage.enable",
+)
+
+
+def _wait(future: Future, what: str, timeout: float) -> Any:
+    try:
+        return future.result(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaClusterError(f"{what}: {exc.args[0]}") from exc
+    except TimeoutError as exc:
+        raise KafkaClusterError(f"{what}: no answer within {timeout:.0f}s") from exc
+
+
+class KafkaCluster:
+    """A thin, typed view of the cluster for the sidecar and the CLI."""
+
+    def __init__(self, bootstrap: str, *, timeout: float = 15.0, **client_config: Any) -> None:
+        self.bootstrap = bootstrap
+        self.timeout = timeout
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, **client_config})
+
+    def topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
+        """Describe topics; a missing topic raises KafkaClusterError naming it."""
+        names = list(names)
+        if not names:
+            return {}
+        described = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
+        resources = [ConfigResource("topic", n) for n in names]
+        configs = self.admin.describe_configs(resources, request_timeout=self.timeout)
+        result: dict[str, TopicInfo] = {}
+        for resource, future in configs.items():
+            name = resource.name
+            desc = _wait(described[name], f"describe topic {name}", self.timeout)
+            entries = _wait(future, f"describe configs of topic {name}", self.timeout)
+            result[name] = TopicInfo(
+                name=name,
+                topic_id=str(desc.topic_id),
+                partitions=tuple(
+                    PartitionLeader(
+                        p.id, p.leader.id if p.leader is not None else None, tuple(r.id for r in p.replicas)
+                    )
+                    for p in sorted(desc.partitions, key=lambda p: p.id)
+                ),
+                configs={
+                    k: v.value for k, v in entries.items() if k in _TOPIC_CONFIGS and v.value is not None
+                },
+            )
+        return result
+
+    def topic_names(self) -> list[str]:
+        metadata = self.admin.list_topics(timeout=self.timeout)
+        return sorted(metadata.topics)
+
+    def broker_ids(self) -> list[int]:
+        return sorted(self.admin.list_topics(timeout=self.timeout).brokers)
+
+    def local_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], LocalOffsets]:
+        """Lx, Ly and Lz of each partition, from three ListOffsets requests to the leaders."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        if not tps:
+            return {}
+        earliest = self._list_offsets(tps, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)
+        stable = self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
+        end = self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
+        return {
+            key: LocalOffsets(
+                lx=earliest[key].offset,
+                ly=stable[key].offset,
+                lz=end[key].offset,
+                leader_epoch=end[key].leader_epoch if end[key].leader_epoch is not None else -1,
+            )
+            for key in earliest
+        }
+
+    def _list_offsets(
+        self, tps: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel
+    ) -> dict[tuple[str, int], Any]:
+        futures = self.admin.list_offsets(
+            {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
+        )
+        return {
+            (tp.topic, tp.partition): _wait(f, f"list offsets of {tp.topic}-{tp.partition}", self.timeout)
+            for tp, f in futures.items()
+        }
+
+    def delete_records_before(self, topic: str, partition: int, offset: int) -> int:
+        """Advance the log start offset of ``topic-partition`` to ``offset`` (exclusive end).
+
+        Idempotent: asking for an offset at or below the current log start changes nothing.
+        Returns the log start offset the broker reports afterwards.
+        """
+        futures = self.admin.delete_records(
+            [TopicPartition(topic, partition, offset)], request_timeout=self.timeout
+        )
+        (future,) = futures.values()
+        deleted = _wait(future, f"delete records of {topic}-{partition} before {offset}", self.timeout)
+        return int(deleted.low_watermark)
