@@ -1,0 +1,94 @@
+"""Prometheus metrics of the sidecar, named after Kafka's tiered-storage metrics (KIP-405/KIP-963).
+
+Each help text names the Kafka metric it mirrors (``kafka.server:type=BrokerTopicMetrics,...``),
+so dashboards built for Kafka's own tiered storage map one to one. Labels are ``topic`` and
+``partition`` where Kafka reports per partition.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+_TP = ("topic", "partition")
+
+
+class SidecarMetrics:
+    """The sidecar's metrics, in their own registry so tests and benches can make several."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.copy_bytes = Counter(
+            "tiering_remote_copy_bytes",
+            "Bytes copied to remote storage (RemoteCopyBytesPerSec).",
+            _TP,
+            registry=r,
+        )
+        self.copy_segments = Counter(
+            "tiering_remote_copy_segments",
+            "Segments whose copy finished (COPY_SEGMENT_FINISHED).",
+            _TP,
+            registry=r,
+        )
+        self.copy_errors = Counter(
+            "tiering_remote_copy_errors", "Failed segment copies (RemoteCopyErrorsPerSec).", _TP, registry=r
+        )
+        self.copy_lag_bytes = Gauge(
+            "tiering_remote_copy_lag_bytes",
+            "Bytes of inactive, stable segments not yet copied (RemoteCopyLagBytes).",
+            _TP,
+            registry=r,
+        )
+        self.copy_lag_segments = Gauge(
+            "tiering_remote_copy_lag_segments",
+            "Inactive, stable segments not yet copied (RemoteCopyLagSegments).",
+            _TP,
+            registry=r,
+        )
+        self.delete_errors = Counter(
+            "tiering_remote_delete_errors",
+            "Failed remote deletions (RemoteDeleteErrorsPerSec).",
+            _TP,
+            registry=r,
+        )
+        self.delete_lag_segments = Gauge(
+            "tiering_remote_delete_lag_segments",
+            "Remote segments past retention not yet deleted (RemoteDeleteLagSegments).",
+            _TP,
+            registry=r,
+        )
+        self.remote_log_size_bytes = Gauge(
+            "tiering_remote_log_size_bytes",
+            "Bytes of finished remote copies (RemoteLogSizeBytes).",
+            _TP,
+            registry=r,
+        )
+        self.local_deleted_offsets = Counter(
+            "tiering_local_retention_offsets",
+            "Offsets released from local disk by local.retention.ms / local.retention.bytes.",
+            _TP,
+            registry=r,
+        )
+        self.offset_violations = Counter(
+            "tiering_offset_invariant_violations",
+            "Times a partition's offsets broke Lz >= Ly >= Lx, Ly > Ry >= Rx; nothing was done then.",
+            _TP,
+            registry=r,
+        )
+        self.corrupt_segments = Counter(
+            "tiering_corrupt_segments",
+            "Local segments refused for upload because they are corrupt.",
+            _TP,
+            registry=r,
+        )
+        self.metadata_wal_lag = Gauge(
+            "tiering_metadata_wal_lag_records", "Records of the metadata WAL not yet applied.", registry=r
+        )
+        self.store_unavailable = Counter(
+            "tiering_remote_store_unavailable",
+            "Remote store requests that failed to reach the store.",
+            registry=r,
+        )
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Expose ``/metrics`` over HTTP on ``addr:port`` (a daemon thread)."""
+        start_http_server(port, addr=addr, registry=self.registry)
