@@ -1,0 +1,177 @@
+"""Apache Kafka from its Maven Central jars: fetch once, format storage, run KRaft combined nodes.
+
+Each node is ``process.roles=broker,controller`` with a static voter set (``controller.quorum.voters``),
+so formatting needs only the cluster id. Settings are tuned for a local stack: fast retention checks,
+no rebalance delay, replication factors capped at the number of nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.cache import cache_dir
+from deploy.errors import StackError
+from deploy.procs import spawn
+
+KAFKA_VERSION = "4.3.1"
+POM = Path(__file__).with_name("kafka-pom.xml")
+JVM_OPTS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError"]
+
+
+def java_binary() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise StackError(
+            "java not found on PATH: install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre)"
+        )
+    return java
+
+
+def jars_dir() -> Path:
+    return cache_dir() / f"kafka-{KAFKA_VERSION}"
+
+
+def fetch_jars() -> Path:
+    """Download Kafka's jars (and their dependencies) into the cache once; return the directory.
+
+    Idempotent: a complete earlier fetch (marked by ``.complete``) is reused.
+    """
+    target = jars_dir()
+    if (target / ".complete").exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise StackError("mvn not found on PATH: install Maven (apt-get install maven) to fetch Kafka's jars")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = [
+        mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise StackError(
+            f"fetching Kafka {KAFKA_VERSION} jars from Maven Central failed (mvn exit {result.returncode}):\n"
+            + (result.stdout + result.stderr)[-3000:]
+        )
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    (target / ".complete").write_text(KAFKA_VERSION)
+    return target
+
+
+def classpath() -> str:
+    return str(fetch_jars() / "*")
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    node_id: int
+    broker_port: int
+    controller_port: int
+
+
+LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.apache.name = org.apache.kafka
+logger.apache.level = INFO
+logger.zk.name = state.change.logger
+logger.zk.level = WARN
+"""
+
+
+def write_node_config(node_dir: Path, node: NodePorts, voters: list[NodePorts]) -> Path:
+    """Write server.properties and log4j2.properties for one combined node; return the properties path."""
+    n = len(voters)
+    rf = min(3, n)
+    quorum = ",".join(f"{v.node_id}@127.0.0.1:{v.controller_port}" for v in voters)
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": node.node_id,
+        "controller.quorum.voters": quorum,
+        "listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(node_dir / "data"),
+        "num.partitions": 1,
+        "default.replication.factor": 1,
+        "offsets.topic.replication.factor": rf,
+        "offsets.topic.num.partitions": 5,
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": min(2, n),
+        "transaction.state.log.num.partitions": 5,
+        "group.initial.rebalance.delay.ms": 0,
+        "auto.create.topics.enable": "false",
+        "log.retention.check.interval.ms": 1000,
+        "log.initial.task.delay.ms": 1000,
+        "log.segment.delete.delay.ms": 1000,
+        "num.network.threads": 2,
+        "num.io.threads": 4,
+        "log.flush.offset.checkpoint.interval.ms": 5000,
+    }
+    node_dir.mkdir(parents=True, exist_ok=True)
+    path = node_dir / "server.properties"
+    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    (node_dir / "log4j2.properties").write_text(LOG4J2.format(log=node_dir / "server.log"))
+    return path
+
+
+def _java_cmd(node_dir: Path | None, main_class: str, *args: str) -> list[str]:
+    opts = list(JVM_OPTS)
+    if node_dir is not None:
+        opts.append(f"-Dlog4j2.configurationFile=file:{node_dir / 'log4j2.properties'}")
+        opts.append(f"-Dkafka.logs.dir={node_dir}")
+    return [java_binary(), *opts, "-cp", classpath(), main_class, *args]
+
+
+def format_storage(node_dir: Path, cluster_id: str) -> None:
+    """Format the node's log dir for KRaft (``kafka.tools.StorageTool format``); idempotent."""
+    if (node_dir / "data" / "meta.properties").exists():
+        return
+    cmd = _java_cmd(
+        node_dir,
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(node_dir / "server.properties"),
+    )
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise StackError(
+            f"formatting Kafka storage in {node_dir} failed:\n{(result.stdout + result.stderr)[-3000:]}"
+        )
+
+
+def start_node(node_dir: Path) -> int:
+    """Start ``kafka.Kafka`` for the node configured in ``node_dir``; returns its pid."""
+    cmd = _java_cmd(node_dir, "kafka.Kafka", str(node_dir / "server.properties"))
+    return spawn(cmd, node_dir / "stdout.log")
+
+
+def run_kafka_tool(main_class: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run one of Kafka's Java tools (``org.apache.kafka.tools.DumpLogSegments``...) on the stack's jars."""
+    cmd = [java_binary(), "-Xmx512m", "-Dlog4j2.level=WARN", "-cp", classpath(), main_class, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)

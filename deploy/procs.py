@@ -1,0 +1,117 @@
+"""Start, watch and stop the stack's server processes.
+
+Each server runs in its own process group (so a stop also ends its children), with stdout and
+stderr appended to a log file, and its pid recorded in the endpoints file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import psutil
+
+from deploy.errors import StackError, log_tail
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def check_port_free(port: int, component: str) -> None:
+    """Raise StackError naming the component if 127.0.0.1:port is already taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise StackError(
+                f"{component}: port 127.0.0.1:{port} is already in use ({exc.strerror})"
+            ) from exc
+
+
+def spawn(
+    argv: Sequence[str], log_file: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> int:
+    """Start ``argv`` in a new session, output appended to ``log_file``; returns the pid."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("ab") as out:
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise StackError(f"cannot start {argv[0]}: not found") from exc
+    return proc.pid
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_ready(
+    component: str, pid: int, probe: Callable[[], bool], log_file: Path, timeout: float = 90.0
+) -> None:
+    """Poll ``probe`` until it returns True; raise StackError with the log tail on death or timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            raise StackError(
+                f"{component} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}"
+            )
+        with contextlib.suppress(Exception):
+            if probe():
+                return
+        time.sleep(0.25)
+    raise StackError(
+        f"{component} did not become ready within {timeout:.0f}s; "
+        f"last lines of {log_file}:\n{log_tail(log_file)}"
+    )
+
+
+def stop(pid: int | None, *, timeout: float = 20.0, kill: bool = False) -> None:
+    """Stop the process group of ``pid``: SIGTERM (or SIGKILL if ``kill``), then SIGKILL after ``timeout``.
+
+    Idempotent: a pid that is gone already is fine.
+    """
+    if not pid or not alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.1)
+    if alive(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        while alive(pid):
+            _reap(pid)
+            time.sleep(0.05)
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
