@@ -1,0 +1,96 @@
+"""``tiering dev``: the local stack for the quickstart, the demo, the benchmarks and the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from deploy import stack
+from deploy.errors import StackError
+
+
+def default_stack_dir() -> Path:
+    return Path(os.environ.get("TIERING_DEV_DIR", ".tiering/dev"))
+
+
+_dir_option = click.option(
+    "--dir",
+    "stack_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=default_stack_dir,
+    show_default="$TIERING_DEV_DIR or ./.tiering/dev",
+    help="Directory holding the stack's data, logs and endpoints.json.",
+)
+
+
+@click.group()
+def dev() -> None:
+    """Start, stop and inspect the local stack: Apache Kafka (KRaft), MinIO (S3) and etcd.
+
+    Everything runs as local processes on 127.0.0.1 with free ports; `endpoints.json` in the stack
+    directory records where, for every other command to read.
+    """
+
+
+@dev.command()
+@_dir_option
+@click.option(
+    "--brokers", type=click.IntRange(1, 5), default=1, show_default=True, help="Kafka nodes to run."
+)
+def up(stack_dir: Path, brokers: int) -> None:
+    """Start the stack (idempotent: prints the running stack's endpoints if it is up)."""
+    try:
+        endpoints = stack.start(stack_dir, brokers=brokers)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"bootstrap.servers={endpoints.bootstrap}")
+    click.echo(f"s3 endpoint={endpoints.s3.endpoint_url} bucket={endpoints.s3.bucket}")
+    click.echo(f"etcd={endpoints.etcd.url}")
+    click.echo(f"endpoints file: {Path(endpoints.stack_dir) / stack.ENDPOINTS}")
+
+
+@dev.command()
+@_dir_option
+def down(stack_dir: Path) -> None:
+    """Stop every process of the stack (idempotent). Data and logs stay in the stack directory."""
+    stack.stop(stack_dir)
+    click.echo(f"stopped the stack in {stack_dir}")
+
+
+@dev.command()
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(stack_dir: Path, as_json: bool) -> None:
+    """Show each component of the stack, whether it runs, and where it listens."""
+    info = stack.status(stack_dir)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    if not info.get("running") and "alive" not in info:
+        click.echo(f"no stack in {stack_dir} (start one with `tiering dev up`)")
+        return
+    endpoints = stack.Endpoints.load(Path(stack_dir) / stack.ENDPOINTS)
+    alive = endpoints.components_alive()
+    table = Table(title=f"local stack in {stack_dir}")
+    for col in ("component", "running", "pid", "endpoint"):
+        table.add_column(col)
+    for b in endpoints.brokers:
+        table.add_row(f"kafka-{b.id}", str(alive[f"kafka-{b.id}"]), str(b.pid), b.host_port)
+    table.add_row("minio", str(alive["minio"]), str(endpoints.s3.pid), endpoints.s3.endpoint_url)
+    table.add_row("etcd", str(alive["etcd"]), str(endpoints.etcd.pid), endpoints.etcd.url)
+    Console().print(table)
+
+
+@dev.command()
+def fetch() -> None:
+    """Download Kafka's jars from Maven Central and build MinIO, once, into the cache; start nothing."""
+    try:
+        stack.fetch()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo("Kafka jars and MinIO are in the cache")

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a fresh Debian machine (run as root), idempotently:
+# etcd from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
+# built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v etcd >/dev/null 2>&1; then
+    echo "setup: installing etcd-server from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq etcd-server >/dev/null
+fi
+for tool in java mvn go python3; do
+    if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/local/go/bin/$tool" ]; then
+        echo "setup: $tool is required but not installed" >&2
+        exit 1
+    fi
+done
+export PATH="$PATH:/usr/local/go/bin"
+
+echo "setup: installing the Python package and test extras"
+python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v -E "^WARNING: Running pip as the 'root' user|^\[notice\]" || true
+
+echo "setup: fetching Kafka jars and building MinIO (first time only)"
+tiering dev fetch

@@ -1,0 +1,85 @@
+"""Fixtures that start the real local stack (Kafka, MinIO, etcd) for integration tests.
+
+The stack is started once per test session in a temporary directory and stopped at the end.
+Set ``TIERING_TEST_STACK_DIR`` to reuse a stack started with ``tiering dev up --dir ...`` (it is
+left running). A component that cannot start skips the test, except under ``CI=true``, where the
+test fails: CI must never go green on tests that did not run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy import stack as stack_mod
+from deploy.errors import StackError
+from deploy.stack import Endpoints
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    message = f"{what} could not start: {exc}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def _start(tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int) -> Iterator[Endpoints]:
+    reuse = os.environ.get(f"TIERING_TEST_STACK{'' if brokers == 1 else brokers}_DIR")
+    stack_dir = Path(reuse) if reuse else tmp_path_factory.mktemp(name)
+    try:
+        endpoints = stack_mod.start(stack_dir, brokers=brokers)
+    except StackError as exc:
+        stack_mod.stop(stack_dir)
+        _unavailable(f"the local stack ({brokers} broker(s))", exc)
+        raise  # unreachable: skip/fail raise
+    try:
+        yield endpoints
+    finally:
+        if not reuse:
+            stack_mod.stop(stack_dir)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    """One Kafka broker, MinIO and etcd, shared by the whole session."""
+    yield from _start(tmp_path_factory, "stack", 1)
+
+
+@pytest.fixture(scope="session")
+def stack3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    """Three Kafka nodes (KRaft combined, 3 voters), MinIO and etcd; started only when requested."""
+    yield from _start(tmp_path_factory, "stack3", 3)
+
+
+def create_topic(bootstrap: str, partitions: int = 1, replication: int = 1, **configs: Any) -> str:
+    """Create a uniquely named topic; config names use underscores for dots (segment_bytes=...)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic_config = {k.replace("_", "."): str(v) for k, v in configs.items()}
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=replication, config=topic_config)]
+    )
+    futures[name].result(timeout=60)
+    return name
+
+
+@pytest.fixture
+def make_topic(stack: Endpoints) -> Callable[..., str]:
+    """``make_topic(partitions=1, replication=1, segment_bytes=65536, ...) -> topic name``."""
+
+    def make(partitions: int = 1, replication: int = 1, **configs: Any) -> str:
+        return create_topic(stack.bootstrap, partitions, replication, **configs)
+
+    return make
+
+
+@pytest.fixture
+def s3(stack: Endpoints) -> Any:
+    """A boto3 S3 client for the stack's MinIO."""
+    return stack_mod.s3_client(stack)
