@@ -1,0 +1,165 @@
+"""Partition directories and segment files of a broker's log dirs.
+
+A partition directory is ``<topic>-<partition>``; transient variants (``.<uuid>-delete``,
+``-future``, ``-stray``) are skipped. Segment files are named by the 20-digit base offset; the
+segment with the greatest base offset is the active one. Files with ``.deleted``, ``.cleaned`` or
+``.swap`` suffixes are never segments.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiering.errors import FormatError
+from tiering.formats.batch import BatchHeader
+from tiering.formats.indexes import parse_time_index, read_file
+from tiering.formats.records import verify_batches
+
+_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+_SEGMENT_LOG = re.compile(r"^(?P<base>\d{20})\.log$")
+
+
+def parse_partition_dir(name: str) -> tuple[str, int] | None:
+    """``("orders", 3)`` for ``orders-3``; None for anything that is not a live partition dir."""
+    if name.endswith(("-delete", "-future", "-stray")):
+        return None
+    match = _PARTITION_DIR.match(name)
+    if match is None:
+        return None
+    return match["topic"], int(match["partition"])
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """``00000000000000001234.log`` for (1234, ".log")."""
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFiles:
+    """The files of one segment in a partition directory (``txnindex`` may not exist)."""
+
+    partition_dir: Path
+    base_offset: int
+
+    def path(self, suffix: str) -> Path:
+        return self.partition_dir / segment_file_name(self.base_offset, suffix)
+
+    @property
+    def log(self) -> Path:
+        return self.path(".log")
+
+    @property
+    def index(self) -> Path:
+        return self.path(".index")
+
+    @property
+    def timeindex(self) -> Path:
+        return self.path(".timeindex")
+
+    @property
+    def txnindex(self) -> Path:
+        return self.path(".txnindex")
+
+    def max_timestamp(self) -> int:
+        """The largest record timestamp, from the last time-index entry (-1 when there is none)."""
+        entries = parse_time_index(read_file(self.timeindex), self.base_offset)
+        return entries[-1].timestamp if entries else -1
+
+
+def list_segments(partition_dir: Path) -> list[SegmentFiles]:
+    """The partition's segments sorted by base offset; the last one is the active segment."""
+    bases = []
+    try:
+        names = [p.name for p in partition_dir.iterdir()]
+    except FileNotFoundError:
+        return []
+    for name in names:
+        match = _SEGMENT_LOG.match(name)
+        if match is not None:
+            bases.append(int(match["base"]))
+    return [SegmentFiles(partition_dir, b) for b in sorted(bases)]
+
+
+def find_partition_dirs(log_dirs: list[Path]) -> dict[tuple[str, int], Path]:
+    """Every live partition directory under the given log dirs, keyed by (topic, partition)."""
+    found: dict[tuple[str, int], Path] = {}
+    for log_dir in log_dirs:
+        try:
+            entries = list(log_dir.iterdir())
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            parsed = parse_partition_dir(entry.name)
+            if parsed is not None and entry.is_dir():
+                found[parsed] = entry
+    return found
+
+
+@contextmanager
+def mapped(path: Path) -> Iterator[memoryview]:
+    """The file's bytes as a read-only memoryview over an mmap (empty for an empty file).
+
+    Pages are loaded on demand by the kernel, so memory stays bounded by what is touched.
+    """
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            yield memoryview(b"")
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = memoryview(mm)
+        try:
+            yield view
+        finally:
+            view.release()
+            mm.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSummary:
+    """What a full CRC validation of a ``.log`` found (offsets inclusive)."""
+
+    path: str
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    size: int
+    batch_count: int
+    leader_epochs: tuple[int, ...]
+
+
+def summarize_segment(path: Path, size: int | None = None) -> SegmentSummary:
+    """Validate every batch's header and CRC in ``path`` (up to ``size`` bytes) and summarize it.
+
+    Raises FormatError naming the file and byte position of the first problem (TruncatedBatchError
+    for a partial tail), or when the file holds no batch at all.
+    """
+    name = str(path)
+    with mapped(path) as buf:
+        end = len(buf) if size is None else min(size, len(buf))
+        first: BatchHeader | None = None
+        last: BatchHeader | None = None
+        count = 0
+        max_ts = -1
+        epochs: list[int] = []
+        for header in verify_batches(name, buf, 0, end):
+            if first is None:
+                first = header
+            elif last is not None and header.base_offset <= last.last_offset:
+                message = f"offsets go backwards: {header.base_offset} follows {last.last_offset}"
+                raise FormatError(name, header.position, message)
+            last = header
+            count += 1
+            max_ts = max(max_ts, header.max_timestamp)
+            if not epochs or epochs[-1] != header.partition_leader_epoch:
+                epochs.append(header.partition_leader_epoch)
+        if first is None or last is None:
+            raise FormatError(name, 0, "segment holds no record batch")
+        return SegmentSummary(
+            name, first.base_offset, last.last_offset, max_ts, last.position + last.size, count, tuple(epochs)
+        )
