@@ -1,0 +1,19 @@
+"""``tiering bench``: the benchmark commands, one module each."""
+
+from __future__ import annotations
+
+import click
+
+from tiering.bench.decode import decode
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks that print JSON: ours beside a reference in the same run, with their ratio.
+
+    Each prints one JSON object per measurement and, last, one summary object. They start the local
+    stack (Kafka, MinIO, etcd) in a temporary directory unless --stack-dir names a running one.
+    """
+
+
+bench.add_command(decode)
