@@ -16,6 +16,7 @@ from tiering import __version__
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "dev": ("deploy.cli", "dev", "Start, stop and inspect the local stack (Kafka, S3 server, etcd)."),
     "bench": ("tiering.bench.cli", "bench", "Benchmarks that print JSON, ours beside a reference."),
+    "demo": ("tiering.cli.demo", "demo", "The quickstart: start the stack, produce, and show the loop."),
 }
 
 
