@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -35,4 +34,3 @@ def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:
     assert set(summary) >= {"ratio", "scan_mb_s", "decode_mb_s", "decode_records_s"}
     produced = lines[0]
     assert produced["records"] == summary["records"] > 0
-    assert Path(stack.stack_dir).exists()
