@@ -1,0 +1,42 @@
+"""Tiering metadata: versioned records, the WAL on a Kafka inner topic, the in-memory state,
+snapshots with recovery, and partition leases in etcd."""
+
+from metadata.leases import EtcdLeases, LeaseError
+from metadata.manager import MetadataManager
+from metadata.partition import PartitionSegments, RemoteSegment
+from metadata.records import (
+    ClusterRecord,
+    MetadataRecord,
+    PartitionDeleteRecord,
+    RecordDecodeError,
+    SegmentRecord,
+    TopicRecord,
+    UnknownVersion,
+    decode,
+)
+from metadata.snapshot import LocalDirSnapshotStore, SnapshotCorrupt, SnapshotStore
+from metadata.state import ApplyResult, MetadataState
+from metadata.wal import MetadataWal, WalError
+
+__all__ = [
+    "ApplyResult",
+    "ClusterRecord",
+    "EtcdLeases",
+    "LeaseError",
+    "LocalDirSnapshotStore",
+    "MetadataManager",
+    "MetadataRecord",
+    "MetadataState",
+    "MetadataWal",
+    "PartitionDeleteRecord",
+    "PartitionSegments",
+    "RecordDecodeError",
+    "RemoteSegment",
+    "SegmentRecord",
+    "SnapshotCorrupt",
+    "SnapshotStore",
+    "TopicRecord",
+    "UnknownVersion",
+    "WalError",
+    "decode",
+]

@@ -1,0 +1,152 @@
+"""Partition leases in etcd: who may upload a partition, and the fencing token that proves it.
+
+A sidecar holds one etcd lease (TTL ``ttl`` seconds, refreshed every ``ttl / 3``) and, per partition it
+uploads, a key ``<prefix>/leases/<topicId>/<partition>`` bound to that lease, created only if absent.
+The key's create revision is strictly larger for every new holder, so it is the fencing token the
+sidecar puts into its WAL records: a record with an older token than the partition has seen is
+rejected by every replica. When the lease cannot be refreshed (etcd unreachable, lease expired) or a
+key vanished, ``is_held`` turns false at once and the sidecar must stop uploading that partition.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import etcd3gw
+from etcd3gw.lease import Lease
+
+from tiering.errors import TieringError
+from tiering.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class LeaseError(TieringError):
+    """etcd could not be reached or answered unexpectedly; hold no partition until it recovers."""
+
+
+class EtcdLeases:
+    def __init__(self, url: str, owner: str, *, ttl: int = 10, prefix: str = "/tiering",
+                 on_lost: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
+        host_port = url.removeprefix("http://").removeprefix("https://").rstrip("/")
+        host, _, port = host_port.partition(":")
+        self.client = etcd3gw.client(
+            host=host, port=int(port or 2379), protocol="https" if url.startswith("https") else "http"
+        )
+        self.owner = owner
+        self.ttl = ttl
+        self.prefix = prefix.rstrip("/")
+        self.on_lost = on_lost
+        self._lease: Lease | None = None
+        self._held: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    def key(self, topic_id: str, partition: int) -> str:
+        return f"{self.prefix}/leases/{topic_id}/{partition}"
+
+    def _ensure_lease(self) -> Lease:
+        if self._lease is None:
+            try:
+                self._lease = self.client.lease(self.ttl)
+            except Exception as exc:
+                raise LeaseError(f"etcd: cannot grant a lease: {exc}") from exc
+            self._keeper = threading.Thread(target=self._keepalive, name="etcd-lease-keepalive", daemon=True)
+            self._keeper.start()
+        return self._lease
+
+    def acquire(self, topic_id: str, partition: int) -> int | None:
+        """The fencing token if this sidecar holds (or now took) the partition's lease, else None."""
+        with self._lock:
+            token = self._held.get((topic_id, partition))
+            if token is not None:
+                return token
+            lease = self._ensure_lease()
+            key = self.key(topic_id, partition)
+            try:
+                self.client.create(key, self.owner, lease=lease)
+                found = self.client.get(key, metadata=True)
+            except Exception as exc:
+                raise LeaseError(f"etcd: acquiring {key}: {exc}") from exc
+            if not found:
+                return None
+            value, meta = found[0]
+            if value.decode() != self.owner or int(meta.get("lease", 0)) != lease.id:
+                return None
+            token = int(meta["create_revision"])
+            self._held[(topic_id, partition)] = token
+            log.info("partition lease acquired", key=key, token=token, owner=self.owner)
+            return token
+
+    def is_held(self, topic_id: str, partition: int) -> bool:
+        with self._lock:
+            return (topic_id, partition) in self._held
+
+    def release(self, topic_id: str, partition: int) -> None:
+        """Give the partition up (idempotent)."""
+        with self._lock:
+            if self._held.pop((topic_id, partition), None) is not None:
+                try:
+                    self.client.delete(self.key(topic_id, partition))
+                except Exception as exc:  # the lease expiring releases it anyway
+                    log.warning(
+                        "releasing a lease key failed", key=self.key(topic_id, partition), error=str(exc)
+                    )
+
+    def _lose_all(self, why: str) -> None:
+        with self._lock:
+            lost = list(self._held)
+            self._held.clear()
+            self._lease = None
+        for topic_id, partition in lost:
+            log.error("partition lease lost", topic_id=topic_id, partition=partition, reason=why)
+            if self.on_lost is not None:
+                self.on_lost(topic_id, partition)
+
+    def _keepalive(self) -> None:
+        lease = self._lease
+        while not self._stop.wait(self.ttl / 3):
+            if lease is None or lease is not self._lease:
+                return
+            try:
+                ttl = lease.refresh()
+            except Exception as exc:
+                self._lose_all(f"lease refresh failed: {exc}")
+                return
+            if ttl <= 0:
+                self._lose_all("lease expired")
+                return
+            self._check_keys(lease)
+
+    def _check_keys(self, lease: Lease) -> None:
+        with self._lock:
+            held = dict(self._held)
+        for (topic_id, partition), token in held.items():
+            try:
+                found = self.client.get(self.key(topic_id, partition), metadata=True)
+            except Exception as exc:
+                self._lose_all(f"etcd unreachable: {exc}")
+                return
+            if (
+                not found
+                or int(found[0][1]["create_revision"]) != token
+                or int(found[0][1].get("lease", 0)) != lease.id
+            ):
+                with self._lock:
+                    self._held.pop((topic_id, partition), None)
+                log.error("partition lease key vanished or changed", topic_id=topic_id, partition=partition)
+                if self.on_lost is not None:
+                    self.on_lost(topic_id, partition)
+
+    def close(self) -> None:
+        """Stop refreshing and revoke the lease, releasing every key (idempotent)."""
+        self._stop.set()
+        lease, self._lease = self._lease, None
+        self._held.clear()
+        if lease is not None:
+            try:
+                lease.revoke()
+            except Exception as exc:
+                log.warning("revoking the etcd lease failed; it expires by itself", error=str(exc))

@@ -1,0 +1,189 @@
+"""The facade the sidecar and the CLI use: recover, publish durably, query.
+
+``start()`` recovers: the newest valid snapshot (local, else remote), then the WAL tail up to the
+end offsets seen at start; then a follower thread keeps applying new WAL records. ``publish(record)``
+writes the record durably and waits until this process has applied it, returning whether the state
+machine accepted it (a fenced or illegal transition is rejected identically on every replica).
+Snapshots are written every ``snapshot_every_records`` applied records or ``snapshot_every_seconds``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from metadata.partition import PartitionSegments
+from metadata.records import MetadataRecord, RecordDecodeError, UnknownVersion
+from metadata.snapshot import (
+    SnapshotCorrupt,
+    SnapshotStore,
+    load_snapshot,
+    local_snapshots,
+    prune,
+    write_snapshot,
+)
+from metadata.state import ApplyResult, MetadataState
+from metadata.wal import MetadataWal, WalError
+from tiering.logs import get_logger
+
+log = get_logger(__name__)
+_RECENT = 65536  # results kept for publishers waiting on their own records
+
+
+class MetadataManager:
+    def __init__(
+        self, wal: MetadataWal, snapshot_dir: Path, *, remote: SnapshotStore | None = None,
+        remote_prefix: str = "metadata-snapshots", snapshot_every_records: int = 100_000,
+        snapshot_every_seconds: float = 300.0, keep_snapshots: int = 3,
+    ) -> None:  # fmt: skip
+        self.wal = wal
+        self.snapshot_dir = Path(snapshot_dir)
+        self.remote = remote
+        self.remote_prefix = remote_prefix
+        self.snapshot_every_records = snapshot_every_records
+        self.snapshot_every_seconds = snapshot_every_seconds
+        self.keep_snapshots = keep_snapshots
+        self.state = MetadataState()
+        self.next_offsets: dict[int, int] = {}
+        self.lock = threading.RLock()
+        self._applied = threading.Condition(self.lock)
+        self._results: OrderedDict[tuple[int, int], ApplyResult] = OrderedDict()
+        self._since_snapshot = 0
+        self._last_snapshot = time.monotonic()
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
+        self._follower_error: BaseException | None = None
+        self.recovered_from: str = "empty"
+
+    # -- recovery ----------------------------------------------------------------------------
+    def recover_snapshot(self) -> None:
+        """Load the newest valid snapshot, local first, then remote; corrupt ones are skipped."""
+        for path in local_snapshots(self.snapshot_dir):
+            try:
+                self.state, self.next_offsets = load_snapshot(path)
+                self.recovered_from = str(path)
+                return
+            except SnapshotCorrupt as exc:
+                log.error("skipping a corrupt snapshot", path=str(path), error=str(exc))
+        if self.remote is None:
+            return
+        for key in reversed(self.remote.list_keys(self.remote_prefix)):
+            with tempfile.TemporaryDirectory() as tmp:
+                local = Path(tmp) / "snapshot"
+                try:
+                    self.remote.get_file(key, local)
+                    self.state, self.next_offsets = load_snapshot(local)
+                    self.recovered_from = f"remote:{key}"
+                    return
+                except (SnapshotCorrupt, FileNotFoundError) as exc:
+                    log.error("skipping a remote snapshot", key=key, error=str(exc))
+
+    def start(self, follow: bool = True) -> None:
+        """Recover (snapshot + WAL tail to the current end), then follow the WAL in the background."""
+        self.wal.ensure_topic()
+        self.recover_snapshot()
+        end = self.wal.end_offsets()
+        for batch in self.wal.read(self.next_offsets, until=end):
+            self._apply_batch(batch)
+        log.info(
+            "metadata recovered", source=self.recovered_from, segments=self.state.segment_count(),
+            applied=self.state.counters.applied,
+        )  # fmt: skip
+        if follow:
+            self._follower = threading.Thread(target=self._follow, name="metadata-follower", daemon=True)
+            self._follower.start()
+
+    def _follow(self) -> None:
+        try:
+            for batch in self.wal.read(dict(self.next_offsets), stop=self._stop):
+                self._apply_batch(batch)
+                self._maybe_snapshot()
+        except BaseException as exc:
+            self._follower_error = exc
+            log.error("metadata follower stopped", error=str(exc))
+            with self._applied:
+                self._applied.notify_all()
+
+    def _apply_batch(self, batch: list) -> None:
+        with self._applied:
+            state = self.state
+            results = self._results
+            for m in batch:
+                part, offset = m.partition(), m.offset()
+                try:
+                    result = state.apply_payload(m.value())
+                except UnknownVersion:
+                    result = ApplyResult(False, "record from a newer format version, skipped")
+                except RecordDecodeError as exc:
+                    log.error(
+                        "skipping an undecodable metadata record",
+                        wal_partition=part,
+                        offset=offset,
+                        error=str(exc),
+                    )
+                    result = ApplyResult(False, f"undecodable record: {exc}")
+                results[(part, offset)] = result
+                self.next_offsets[part] = offset + 1
+            while len(results) > _RECENT:
+                results.popitem(last=False)
+            self._since_snapshot += len(batch)
+            self._applied.notify_all()
+
+    # -- publishing --------------------------------------------------------------------------
+    def publish(self, record: MetadataRecord, timeout: float = 60.0) -> ApplyResult:
+        """Write ``record`` durably, wait until it is applied here, return accept/reject.
+
+        Raises WalError if the write fails or the record is not applied within ``timeout``.
+        """
+        part, offset = self.wal.append(record)
+        deadline = time.monotonic() + timeout
+        with self._applied:
+            while self.next_offsets.get(part, 0) <= offset:
+                if self._follower_error is not None:
+                    raise WalError(f"metadata follower failed: {self._follower_error}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WalError(
+                        f"record at {self.wal.topic}[{part}]@{offset} not applied within {timeout:.0f}s"
+                    )
+                self._applied.wait(remaining)
+            return self._results.get((part, offset), ApplyResult(False, "result no longer known"))
+
+    # -- queries -----------------------------------------------------------------------------
+    def partition(self, topic_id: str, partition: int) -> PartitionSegments | None:
+        """The partition's segments. Hold ``manager.lock`` while reading it from another thread."""
+        return self.state.partition(topic_id, partition)
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def _maybe_snapshot(self) -> None:
+        due = self._since_snapshot >= self.snapshot_every_records or (
+            self._since_snapshot > 0 and time.monotonic() - self._last_snapshot >= self.snapshot_every_seconds
+        )
+        if due:
+            self.snapshot_now()
+
+    def snapshot_now(self) -> Path:
+        """Write a snapshot of the state and the WAL offsets it covers, locally and remotely."""
+        with self.lock:
+            path = write_snapshot(self.snapshot_dir, self.state, dict(self.next_offsets))
+            self._since_snapshot = 0
+            self._last_snapshot = time.monotonic()
+        if self.remote is not None:
+            try:
+                self.remote.put_file(f"{self.remote_prefix}/{path.name}", path)
+                keys = self.remote.list_keys(self.remote_prefix)
+                for old in keys[: max(0, len(keys) - self.keep_snapshots)]:
+                    self.remote.delete(old)
+            except Exception as exc:  # the local copy is written; the remote one is retried next time
+                log.error("copying a snapshot to the remote store failed", path=str(path), error=str(exc))
+        prune(self.snapshot_dir, self.keep_snapshots)
+        return path
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join(timeout=10)
+        self.wal.close()

@@ -1,0 +1,151 @@
+"""One user partition's remote segments, stored column by column.
+
+A million segments as Python objects would take well over 500 bytes each; here a segment costs its
+columns (16-byte id, five int64, one int32, one state byte) plus one dict entry from its id to its
+row. Rows are append-only; ``order`` lists rows by base offset so lookups bisect. Rows of segments
+whose deletion finished are dropped by ``compact``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from typing import NamedTuple
+
+from segment_fsm import Fence, PartitionDeleteState, SegmentState
+
+STARTED = int(SegmentState.COPY_SEGMENT_STARTED)
+FINISHED = int(SegmentState.COPY_SEGMENT_FINISHED)
+DELETE_STARTED = int(SegmentState.DELETE_SEGMENT_STARTED)
+DELETE_FINISHED = int(SegmentState.DELETE_SEGMENT_FINISHED)
+COLUMNS_Q = ("base", "end", "max_ts", "size", "event_time")
+
+
+class RemoteSegment(NamedTuple):
+    """A remote segment copy as the state knows it (offsets inclusive)."""
+
+    segment_id: bytes
+    state: SegmentState
+    base_offset: int
+    end_offset: int
+    max_timestamp: int
+    size: int
+    leader_epoch: int
+    event_time: int
+
+
+class PartitionSegments:
+    __slots__ = (
+        "base", "delete_state", "end", "epoch", "event_time", "fence", "ids", "max_span", "max_ts",
+        "order", "row_of", "size", "state", "topic",
+    )  # fmt: skip
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.ids = bytearray()
+        self.base = array("q")
+        self.end = array("q")
+        self.max_ts = array("q")
+        self.size = array("q")
+        self.event_time = array("q")
+        self.epoch = array("i")
+        self.state = bytearray()
+        self.order = array("l")
+        self.row_of: dict[bytes, int] = {}
+        self.fence = Fence(-1, 0)
+        self.max_span = 0
+        self.delete_state: PartitionDeleteState | None = None
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def state_of(self, segment_id: bytes) -> int | None:
+        row = self.row_of.get(segment_id)
+        return None if row is None else self.state[row]
+
+    def add(self, segment_id: bytes, state: int, epoch: int, event_time: int, base: int, end: int,
+            max_ts: int, size: int) -> None:  # fmt: skip
+        row = len(self.state)
+        self.ids += segment_id
+        self.state.append(state)
+        self.epoch.append(epoch)
+        self.base.append(base)
+        self.end.append(end)
+        self.max_ts.append(max_ts)
+        self.size.append(size)
+        self.event_time.append(event_time)
+        self.row_of[segment_id] = row
+        base_col = self.base
+        if not self.order or base_col[self.order[-1]] <= base:
+            self.order.append(row)
+        else:
+            self.order.insert(bisect.bisect_right(self.order, base, key=base_col.__getitem__), row)
+        self.max_span = max(self.max_span, end - base)
+
+    def update(self, segment_id: bytes, state: int, event_time: int) -> None:
+        row = self.row_of[segment_id]
+        self.state[row] = state
+        self.event_time[row] = event_time
+
+    def segment(self, row: int) -> RemoteSegment:
+        return RemoteSegment(
+            bytes(self.ids[row * 16 : row * 16 + 16]), SegmentState(self.state[row]), self.base[row],
+            self.end[row], self.max_ts[row], self.size[row], self.epoch[row], self.event_time[row],
+        )  # fmt: skip
+
+    def segments(self, states: frozenset[int] | None = None) -> list[RemoteSegment]:
+        """Segments in base-offset order, optionally only those in ``states``."""
+        st = self.state
+        return [self.segment(r) for r in self.order if states is None or st[r] in states]
+
+    def remote_bounds(self) -> tuple[int | None, int | None]:
+        """(Rx, Ry): the lowest base and highest end offset over finished copies, or (None, None)."""
+        st, base, end = self.state, self.base, self.end
+        rx = ry = None
+        for r in self.order:
+            if st[r] == FINISHED:
+                if rx is None:
+                    rx = base[r]
+                if ry is None or end[r] > ry:
+                    ry = end[r]
+        return rx, ry
+
+    def remote_size(self) -> int:
+        st, size = self.state, self.size
+        return sum(size[r] for r in range(len(st)) if st[r] == FINISHED)
+
+    def counts(self) -> dict[str, int]:
+        out = {s.name: 0 for s in SegmentState}
+        for value in self.state:
+            out[SegmentState(value).name] += 1
+        return out
+
+    def segment_for_offset(self, offset: int) -> RemoteSegment | None:
+        """The finished copy holding ``offset``; where copies of two leader epochs overlap, the one
+        written with the higher leader epoch (then the later one) wins. None if no copy holds it."""
+        base, end, st, epoch, order = self.base, self.end, self.state, self.epoch, self.order
+        i = bisect.bisect_right(order, offset, key=base.__getitem__) - 1
+        best = -1
+        while i >= 0:
+            r = order[i]
+            if base[r] < offset - self.max_span:
+                break
+            if st[r] == FINISHED and end[r] >= offset and (best < 0 or epoch[r] > epoch[best]):
+                best = r
+            i -= 1
+        return None if best < 0 else self.segment(best)
+
+    def compact(self) -> int:
+        """Drop rows whose deletion finished; returns how many. Idempotent."""
+        keep = [r for r in range(len(self.state)) if self.state[r] != DELETE_FINISHED]
+        dropped = len(self.state) - len(keep)
+        if dropped == 0:
+            return 0
+        fresh = PartitionSegments(self.topic)
+        for r in sorted(keep, key=self.base.__getitem__):
+            fresh.add(bytes(self.ids[r * 16 : r * 16 + 16]), self.state[r], self.epoch[r], self.event_time[r],
+                      self.base[r], self.end[r], self.max_ts[r], self.size[r])  # fmt: skip
+        for name in self.__slots__:
+            if name not in ("fence", "delete_state", "topic"):
+                setattr(self, name, getattr(fresh, name))
+        return dropped

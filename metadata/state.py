@@ -1,0 +1,210 @@
+"""The metadata state: every record of the WAL applied through segment_fsm, in WAL order.
+
+Deterministic: replicas that apply the same records in the same order reach the same state,
+including the same rejections (illegal transitions, fenced writers). Rejected records change
+nothing. Records of a newer format version are skipped and counted; garbage is counted and logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from metadata.partition import DELETE_FINISHED, PartitionSegments
+from metadata.records import (
+    ClusterRecord,
+    MetadataRecord,
+    PartitionDeleteRecord,
+    RecordDecodeError,
+    SegmentRecord,
+    TopicRecord,
+    UnknownVersion,
+    parse,
+    topic_id_bytes,
+    topic_id_str,
+)
+from segment_fsm import (
+    Fence,
+    PartitionDeleteState,
+    SegmentState,
+    TopicAction,
+    TopicTiering,
+    apply_topic_action,
+    fence_rejection,
+    partition_delete_rejection,
+    segment_rejection,
+)
+from segment_fsm.fencing import advance
+from segment_fsm.states import SEGMENT_TRANSITIONS
+
+_ALLOWED = {
+    (-1 if k is None else int(k)): frozenset(int(v) for v in vs) for k, vs in SEGMENT_TRANSITIONS.items()
+}
+_SEGMENT, _PARTITION, _TOPIC, _CLUSTER = (
+    SegmentRecord.TYPE, PartitionDeleteRecord.TYPE, TopicRecord.TYPE, ClusterRecord.TYPE,
+)  # fmt: skip
+COMPACT_AFTER = 1024  # drop rows of finished deletions once a partition has this many
+
+
+class ApplyResult(NamedTuple):
+    accepted: bool
+    reason: str | None = None
+
+
+ACCEPTED = ApplyResult(True)
+
+
+@dataclass
+class Counters:
+    applied: int = 0
+    rejected: int = 0
+    unknown_version: int = 0
+    garbage: int = 0
+
+
+@dataclass
+class ClusterTiering:
+    upload_paused: bool = False
+    rolled_back: bool = False
+
+
+@dataclass
+class MetadataState:
+    partitions: dict[tuple[bytes, int], PartitionSegments] = field(default_factory=dict)
+    topics: dict[bytes, tuple[str, TopicTiering]] = field(default_factory=dict)
+    cluster: ClusterTiering = field(default_factory=ClusterTiering)
+    counters: Counters = field(default_factory=Counters)
+    last_rejection: str | None = None
+
+    # -- applying ---------------------------------------------------------------------------
+    def apply(self, record: MetadataRecord) -> ApplyResult:
+        return self.apply_payload(record.encode())
+
+    def apply_payload(self, data: bytes) -> ApplyResult:
+        """Apply one WAL payload. Raises RecordDecodeError / UnknownVersion after counting them."""
+        try:
+            kind, f = parse(data)
+        except UnknownVersion:
+            self.counters.unknown_version += 1
+            raise
+        except RecordDecodeError:
+            self.counters.garbage += 1
+            raise
+        if kind == _SEGMENT:
+            result = self._apply_segment(f)
+        elif kind == _PARTITION:
+            result = self._apply_partition_delete(f)
+        elif kind == _TOPIC:
+            result = self._apply_topic(f)
+        else:
+            result = self._apply_cluster(f)
+        if result.accepted:
+            self.counters.applied += 1
+        else:
+            self.counters.rejected += 1
+            self.last_rejection = result.reason
+        return result
+
+    def _partition(self, tid: bytes, partition: int, topic: str) -> PartitionSegments:
+        p = self.partitions.get((tid, partition))
+        if p is None:
+            p = self.partitions[(tid, partition)] = PartitionSegments(topic)
+        return p
+
+    def _apply_segment(self, f: tuple) -> ApplyResult:
+        tid, partition, sid, state, broker, epoch, token, event_time, base, end, max_ts, size, topic, _ = f
+        p = self._partition(tid, partition, topic)
+        fence = p.fence
+        if epoch < fence.leader_epoch or token < fence.token:
+            return ApplyResult(False, fence_rejection(fence, Fence(epoch, token), broker))
+        row = p.row_of.get(sid)
+        current = -1 if row is None else p.state[row]
+        if state not in _ALLOWED[current]:
+            return ApplyResult(
+                False, segment_rejection(None if current < 0 else SegmentState(current), SegmentState(state))
+            )
+        if row is None:
+            if end < base:
+                return ApplyResult(False, f"segment end offset {end} is below its base offset {base}")
+            p.add(sid, state, epoch, event_time, base, end, max_ts, size)
+        else:
+            p.update(sid, state, event_time)
+        if epoch > fence.leader_epoch or token > fence.token:
+            p.fence = advance(fence, Fence(epoch, token))
+        if (
+            state == DELETE_FINISHED
+            and len(p) >= COMPACT_AFTER
+            and p.state.count(DELETE_FINISHED) * 2 >= len(p)
+        ):
+            p.compact()
+        return ACCEPTED
+
+    def _apply_partition_delete(self, f: tuple) -> ApplyResult:
+        tid, partition, state, broker, epoch, token, _time, topic = f
+        p = self._partition(tid, partition, topic)
+        new = PartitionDeleteState(state)
+        reason = fence_rejection(p.fence, Fence(epoch, token), broker) or partition_delete_rejection(
+            p.delete_state, new
+        )
+        if reason:
+            return ApplyResult(False, reason)
+        p.delete_state = new
+        p.fence = advance(p.fence, Fence(epoch, token))
+        return ACCEPTED
+
+    def _apply_topic(self, f: tuple) -> ApplyResult:
+        tid, action, local_ms, local_bytes, _broker, _time, topic = f
+        current = self.topics.get(tid)
+        new, reason = apply_topic_action(
+            current[1] if current else None, TopicAction(action), local_ms, local_bytes
+        )
+        if reason:
+            return ApplyResult(False, f"topic {topic}: {reason}")
+        assert new is not None
+        self.topics[tid] = (topic, new)
+        return ACCEPTED
+
+    def _apply_cluster(self, f: tuple) -> ApplyResult:
+        action = TopicAction(f[0])
+        c = self.cluster
+        if action is TopicAction.PAUSE_UPLOAD:
+            c.upload_paused = True
+        elif action is TopicAction.RESUME_UPLOAD:
+            c.upload_paused = False
+        elif action is TopicAction.ROLLBACK:
+            c.rolled_back = True
+        elif action is TopicAction.ENABLE:
+            c.rolled_back = False
+        else:
+            return ApplyResult(False, f"{action.name} is not a cluster-wide action")
+        return ACCEPTED
+
+    # -- queries ----------------------------------------------------------------------------
+    def partition(self, topic_id: str, partition: int) -> PartitionSegments | None:
+        return self.partitions.get((topic_id_bytes(topic_id), partition))
+
+    def topic(self, name: str) -> tuple[str, TopicTiering] | None:
+        """(topic id, tiering state) of the topic with this name, the latest if it was re-created."""
+        for tid, (topic, tiering) in reversed(self.topics.items()):
+            if topic == name:
+                return topic_id_str(tid), tiering
+        return None
+
+    def segment_count(self) -> int:
+        return sum(len(p) for p in self.partitions.values())
+
+    def digest(self) -> dict[str, object]:
+        """A canonical, comparable view of the whole state (for replicas, snapshots and tests)."""
+        partitions = {}
+        for (tid, num), p in sorted(self.partitions.items()):
+            partitions[f"{topic_id_str(tid)}/{num}"] = {
+                "topic": p.topic,
+                "fence": tuple(p.fence),
+                "delete_state": None if p.delete_state is None else p.delete_state.name,
+                "segments": [tuple(s) for s in p.segments()],
+            }
+        return {
+            "partitions": partitions,
+            "topics": {topic_id_str(t): (n, tiering) for t, (n, tiering) in sorted(self.topics.items())},
+            "cluster": (self.cluster.upload_paused, self.cluster.rolled_back),
+        }

@@ -1,0 +1,214 @@
+"""The metadata WAL: an inner Kafka topic (default ``__tiering_metadata``).
+
+cleanup.policy=delete with infinite retention, replication min(3, brokers), written by an
+idempotent producer with acks=all. All records of one user partition go to one WAL partition (a
+stable CRC-32C hash of topic id + partition), so their order is total; topic-level records go by
+topic id, cluster-level records to partition 0.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import crc32c
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from metadata.records import (
+    ClusterRecord,
+    MetadataRecord,
+    PartitionDeleteRecord,
+    SegmentRecord,
+    topic_id_bytes,
+)
+from tiering.errors import TieringError
+from tiering.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class WalError(TieringError):
+    """The WAL could not be written or read (Kafka unreachable, topic missing, write not durable).
+
+    A failed write was not applied anywhere: the caller must treat the transition as not done.
+    """
+
+
+class MetadataWal:
+    def __init__(
+        self, bootstrap: str, topic: str = "__tiering_metadata", partitions: int = 50, *,
+        timeout: float = 30.0, client_config: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.timeout = timeout
+        self.client_config = dict(client_config or {})
+        self._producer: Producer | None = None
+        self._poller: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    # -- topic -------------------------------------------------------------------------------
+    def ensure_topic(self) -> int:
+        """Create the WAL topic if it does not exist; return its partition count (idempotent)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config})
+        metadata = admin.list_topics(timeout=self.timeout)
+        existing = metadata.topics.get(self.topic)
+        if existing is not None and existing.error is None:
+            self.partitions = len(existing.partitions)
+            return self.partitions
+        replication = min(3, len(metadata.brokers))
+        topic = NewTopic(
+            self.topic,
+            num_partitions=self.partitions,
+            replication_factor=replication,
+            config={
+                "cleanup.policy": "delete",
+                "retention.ms": "-1",
+                "retention.bytes": "-1",
+                "min.insync.replicas": str(min(2, replication)),
+            },
+        )
+        future = admin.create_topics([topic])[self.topic]
+        try:
+            future.result(self.timeout)
+        except Exception as exc:  # the topic may have been created concurrently by another sidecar
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise WalError(f"creating metadata topic {self.topic}: {exc}") from exc
+        log.info(
+            "metadata topic ready", topic=self.topic, partitions=self.partitions, replication=replication
+        )
+        return self.partitions
+
+    def partition_for(self, record: MetadataRecord) -> int:
+        if isinstance(record, ClusterRecord):
+            return 0
+        key = topic_id_bytes(record.topic_id)
+        if isinstance(record, SegmentRecord | PartitionDeleteRecord):
+            key += record.partition.to_bytes(4, "big")
+        return crc32c.crc32c(key) % self.partitions
+
+    # -- writing -----------------------------------------------------------------------------
+    def _ensure_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 1,
+                    "compression.type": "lz4",
+                    **self.client_config,
+                }
+            )
+            self._poller = threading.Thread(target=self._poll_loop, name="wal-producer-poll", daemon=True)
+            self._poller.start()
+        return self._producer
+
+    def _poll_loop(self) -> None:
+        while not self._closed.is_set():
+            assert self._producer is not None
+            self._producer.poll(0.1)
+
+    def append(self, record: MetadataRecord) -> tuple[int, int]:
+        """Write ``record`` durably; return its (WAL partition, offset). Raises WalError."""
+        return self.append_payload(self.partition_for(record), record.encode())
+
+    def append_payload(self, partition: int, payload: bytes) -> tuple[int, int]:
+        producer = self._ensure_producer()
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def report(err: KafkaError | None, msg: Message) -> None:
+            outcome["err"] = err
+            outcome["offset"] = None if err else msg.offset()
+            done.set()
+
+        producer.produce(self.topic, value=payload, partition=partition, on_delivery=report)
+        if not done.wait(self.timeout):
+            raise WalError(f"write to {self.topic}[{partition}] not acknowledged within {self.timeout:.0f}s")
+        if outcome["err"] is not None:
+            raise WalError(f"write to {self.topic}[{partition}] failed: {outcome['err']}")
+        return partition, int(outcome["offset"])
+
+    def produce_async(self, partition: int, payload: bytes) -> None:
+        """Queue a write without waiting (bulk loading, benchmarks); ``flush`` waits for all of them."""
+        producer = self._ensure_producer()
+        while True:
+            try:
+                producer.produce(self.topic, value=payload, partition=partition)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def flush(self) -> None:
+        if self._producer is not None and self._producer.flush(self.timeout * 4) != 0:
+            raise WalError(f"writes to {self.topic} still pending after flush")
+
+    # -- reading -----------------------------------------------------------------------------
+    def end_offsets(self) -> dict[int, int]:
+        """The next offset to be written in each WAL partition (high watermarks)."""
+        consumer = self._consumer()
+        try:
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout)[1]
+                for p in range(self.partitions)
+            }
+        finally:
+            consumer.close()
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"{self.topic}-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "auto.offset.reset": "earliest",
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 8 * 1024 * 1024,
+                "queued.max.messages.kbytes": 256 * 1024,
+                **self.client_config,
+            }
+        )
+
+    def read(self, start: dict[int, int], stop: threading.Event | None = None, batch: int = 10000,
+             until: dict[int, int] | None = None) -> Iterator[list[Message]]:  # fmt: skip
+        """Yield batches of WAL messages from ``start`` offsets (missing partitions: from the beginning).
+
+        With ``until``, stops once every partition reached its offset there; otherwise follows the
+        WAL until ``stop`` is set. Raises WalError on a fatal consumer error.
+        """
+        consumer = self._consumer()
+        consumer.assign([TopicPartition(self.topic, p, start.get(p, 0)) for p in range(self.partitions)])
+        remaining = {p: o for p, o in (until or {}).items() if o > start.get(p, 0)}
+        try:
+            while True:
+                if until is not None and not remaining:
+                    return
+                if stop is not None and stop.is_set():
+                    return
+                messages = consumer.consume(batch, 0.2)
+                good = []
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise WalError(f"reading {self.topic}: {err}")
+                        continue
+                    good.append(m)
+                    if until is not None and m.offset() + 1 >= remaining.get(m.partition(), 0):
+                        remaining.pop(m.partition(), None)
+                if good:
+                    yield good
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._producer is not None:
+            self._producer.flush(self.timeout)
+        if self._poller is not None:
+            self._poller.join(timeout=2)
