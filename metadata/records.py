@@ -3,7 +3,7 @@
 Each record is a pydantic model (validated when built by a writer) with a compact binary encoding
 (decoded without re-validation on replay, which must run at well over 100k records/s):
 
-    version u8 | type u8 | fixed fields (big-endian struct) | topic name (u16 length + UTF-8) | extras
+    magic 0xA7 | version u8 | type u8 | fixed fields (big-endian struct) | topic name (u16 + UTF-8) | extras
 
 Version 1 is the only one. A reader skips and counts a record of a newer version (written by a newer
 sidecar) and reports a record it cannot parse as garbage; neither stops replay.
@@ -22,7 +22,8 @@ from segment_fsm import PartitionDeleteState, SegmentState, TopicAction
 from tiering.errors import TieringError
 
 VERSION = 1
-_HEAD = struct.Struct(">BB")
+MAGIC = 0xA7
+_HEAD = struct.Struct(">BBB")
 _U16 = struct.Struct(">H")
 _EPOCH = struct.Struct(">iq")
 
@@ -97,7 +98,7 @@ class SegmentRecord(_Record):
         epochs = _U16.pack(len(self.leader_epochs)) + b"".join(
             _EPOCH.pack(e, o) for e, o in self.leader_epochs
         )
-        return _HEAD.pack(VERSION, self.TYPE) + fixed + _name_bytes(self.topic) + epochs
+        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic) + epochs
 
 
 class PartitionDeleteRecord(_Record):
@@ -120,7 +121,7 @@ class PartitionDeleteRecord(_Record):
             topic_id_bytes(self.topic_id), self.partition, self.state, self.broker_id, self.leader_epoch,
             self.fencing_token, self.event_time,
         )  # fmt: skip
-        return _HEAD.pack(VERSION, self.TYPE) + fixed + _name_bytes(self.topic)
+        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic)
 
 
 class TopicRecord(_Record):
@@ -142,7 +143,7 @@ class TopicRecord(_Record):
             topic_id_bytes(self.topic_id), self.action, self.local_retention_ms, self.local_retention_bytes,
             self.broker_id, self.event_time,
         )  # fmt: skip
-        return _HEAD.pack(VERSION, self.TYPE) + fixed + _name_bytes(self.topic)
+        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic)
 
 
 class ClusterRecord(_Record):
@@ -155,21 +156,13 @@ class ClusterRecord(_Record):
     event_time: int
 
     def encode(self) -> bytes:
-        return _HEAD.pack(VERSION, self.TYPE) + self.FIXED.pack(self.action, self.event_time)
+        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + self.FIXED.pack(self.action, self.event_time)
 
 
 MetadataRecord = SegmentRecord | PartitionDeleteRecord | TopicRecord | ClusterRecord
 _TYPES: dict[int, type[_Record]] = {
     c.TYPE: c for c in (SegmentRecord, PartitionDeleteRecord, TopicRecord, ClusterRecord)
 }
-
-
-def _read_name(data: bytes, pos: int) -> tuple[str, int]:
-    (n,) = _U16.unpack_from(data, pos)
-    end = pos + 2 + n
-    if end > len(data):
-        raise ValueError("topic name runs past the record")
-    return data[pos + 2 : end].decode(), end
 
 
 def parse(data: bytes) -> tuple[int, tuple]:
@@ -180,17 +173,19 @@ def parse(data: bytes) -> tuple[int, tuple]:
     RecordDecodeError for anything unparseable.
     """
     try:
-        version, kind = _HEAD.unpack_from(data, 0)
+        magic, version, kind = _HEAD.unpack_from(data, 0)
     except struct.error as exc:
         raise RecordDecodeError(f"record of {len(data)} bytes is too short for a header") from exc
+    if magic != MAGIC:
+        raise RecordDecodeError(f"not a tiering metadata record (first byte {magic:#04x})")
     if version > VERSION:
         raise UnknownVersion(f"record version {version} is newer than {VERSION}")
     cls = _TYPES.get(kind)
     if version != VERSION or cls is None:
         raise RecordDecodeError(f"unknown record version {version} / type {kind}")
     try:
-        fields = cls.FIXED.unpack_from(data, 2)
-        pos = 2 + cls.FIXED.size
+        fields = cls.FIXED.unpack_from(data, 3)
+        pos = 3 + cls.FIXED.size
         if kind == ClusterRecord.TYPE:
             if pos != len(data):
                 raise ValueError("trailing bytes")

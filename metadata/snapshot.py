@@ -177,7 +177,9 @@ def _decode_body(body: memoryview) -> tuple[MetadataState, dict[int, int]]:
             getattr(p, column).frombytes(take(8 * n))
         p.epoch.frombytes(take(4 * n))
         p.state = bytearray(take(n))
-        p.order = array("l", array("q", take(8 * n)))
+        order = array("q")
+        order.frombytes(take(8 * n))
+        p.order = array("l", order)
         p.row_of = {bytes(p.ids[r * 16 : r * 16 + 16]): r for r in range(n)}
         p.max_span = max((p.end[r] - p.base[r] for r in range(n)), default=0)
         state.partitions[(topic_id_bytes(tid), num)] = p

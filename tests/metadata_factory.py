@@ -1,0 +1,21 @@
+"""Builders of metadata records for tests."""
+
+from __future__ import annotations
+
+import uuid
+
+from metadata import SegmentRecord
+from segment_fsm import SegmentState
+
+TOPIC_ID = "mXjDWYvGQ3SdP7gQi3DrqA"
+
+
+def seg(
+    sid: uuid.UUID, state: SegmentState, base: int = 0, end: int = 99, *, partition: int = 0, epoch: int = 1,
+    token: int = 0, broker: int = 1, topic_id: str = TOPIC_ID, size: int = 1000, t: int = 0,
+) -> SegmentRecord:  # fmt: skip
+    return SegmentRecord(
+        topic="orders", topic_id=topic_id, partition=partition, segment_id=sid, state=state, broker_id=broker,
+        leader_epoch=epoch, fencing_token=token, event_time=t, base_offset=base, end_offset=end,
+        max_timestamp=1_000 + end, size=size, leader_epochs=((epoch, base),),
+    )  # fmt: skip

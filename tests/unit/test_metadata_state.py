@@ -1,0 +1,109 @@
+"""The columnar state's queries, compaction, record codec and snapshots (round trip, corruption)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from metadata import MetadataState, RecordDecodeError, SnapshotCorrupt, TopicRecord, UnknownVersion, decode
+from metadata.snapshot import load_snapshot, write_snapshot
+from segment_fsm import SegmentState, TopicAction
+from tests.metadata_factory import TOPIC_ID, seg
+
+S = SegmentState
+
+
+def finished(state: MetadataState, base: int, end: int, epoch: int = 1, partition: int = 0) -> uuid.UUID:
+    sid = uuid.uuid4()
+    assert state.apply(seg(sid, S.COPY_SEGMENT_STARTED, base, end, epoch=epoch, partition=partition)).accepted
+    assert state.apply(
+        seg(sid, S.COPY_SEGMENT_FINISHED, base, end, epoch=epoch, partition=partition)
+    ).accepted
+    return sid
+
+
+def test_bounds_and_lookup_with_overlapping_epochs() -> None:
+    state = MetadataState()
+    a = finished(state, 0, 99, epoch=1)
+    b = finished(state, 100, 199, epoch=1)
+    c = finished(state, 150, 299, epoch=2)  # new leader's boundaries overlap the old copy
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None
+    assert p.remote_bounds() == (0, 299)
+    assert p.segment_for_offset(50).segment_id == a.bytes
+    assert p.segment_for_offset(120).segment_id == b.bytes
+    assert p.segment_for_offset(160).segment_id == c.bytes  # higher epoch wins the overlap
+    assert p.segment_for_offset(300) is None
+    assert p.remote_size() == 3000
+
+
+def test_deleted_segments_leave_the_bounds_and_are_compacted() -> None:
+    state = MetadataState()
+    ids = [finished(state, i * 10, i * 10 + 9) for i in range(1100)]
+    for sid in ids[:700]:
+        state.apply(seg(sid, S.DELETE_SEGMENT_STARTED, 0, 9))
+        state.apply(seg(sid, S.DELETE_SEGMENT_FINISHED, 0, 9))
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None
+    assert p.remote_bounds() == (7000, 10999)
+    assert len(p) < 1100  # finished deletions were compacted away
+    assert p.segment_for_offset(8005).segment_id == ids[800].bytes
+
+
+def test_record_codec_round_trip_and_bad_input() -> None:
+    record = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 5, 10)
+    assert decode(record.encode()) == record
+    topic = TopicRecord(topic="orders", topic_id=TOPIC_ID, action=TopicAction.ENABLE, local_retention_ms=1000,
+                        event_time=1)  # fmt: skip
+    assert decode(topic.encode()) == topic
+    with pytest.raises(UnknownVersion):
+        decode(b"\xa7\x07\x01rest")
+    with pytest.raises(RecordDecodeError):
+        decode(record.encode()[:-3])
+    with pytest.raises(RecordDecodeError):
+        decode(b"garbage!")
+    state = MetadataState()
+    with pytest.raises(RecordDecodeError):
+        state.apply_payload(b"\xa7\x01\x09")
+    assert state.counters.garbage == 1
+
+
+def _populated() -> MetadataState:
+    state = MetadataState()
+    for partition in range(3):
+        for i in range(50):
+            finished(state, i * 100, i * 100 + 99, epoch=1 + i // 20, partition=partition)
+    state.apply(TopicRecord(topic="orders", topic_id=TOPIC_ID, action=TopicAction.ENABLE, event_time=1))
+    state.apply(seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 5000, 5099, epoch=3))
+    return state
+
+
+def test_snapshot_round_trip(tmp_path: Path) -> None:
+    state = _populated()
+    path = write_snapshot(tmp_path, state, {0: 17, 3: 4})
+    loaded, offsets = load_snapshot(path)
+    assert offsets == {0: 17, 3: 4}
+    assert loaded.digest() == state.digest()
+    p = loaded.partition(TOPIC_ID, 1)
+    assert p is not None and p.segment_for_offset(4321) == state.partition(TOPIC_ID, 1).segment_for_offset(
+        4321
+    )
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "magic"])
+def test_corrupt_snapshots_are_detected(tmp_path: Path, damage: str) -> None:
+    path = write_snapshot(tmp_path, _populated(), {0: 1})
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0x40
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data[0:4] = b"XXXX"
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotCorrupt, match=str(path)):
+        load_snapshot(path)
