@@ -9,11 +9,12 @@ topic id, cluster-level records to partition 0.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import crc32c
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from metadata.records import (
@@ -151,11 +152,20 @@ class MetadataWal:
     def end_offsets(self) -> dict[int, int]:
         """The next offset to be written in each WAL partition (high watermarks)."""
         consumer = self._consumer()
+        deadline = time.monotonic() + self.timeout
         try:
-            return {
-                p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout)[1]
-                for p in range(self.partitions)
-            }
+            ends: dict[int, int] = {}
+            for p in range(self.partitions):
+                while p not in ends:
+                    try:
+                        ends[p] = consumer.get_watermark_offsets(
+                            TopicPartition(self.topic, p), timeout=self.timeout
+                        )[1]
+                    except KafkaException as exc:
+                        if time.monotonic() > deadline:  # a new topic: leaders may still be moving
+                            raise WalError(f"reading the end offset of {self.topic}[{p}]: {exc}") from exc
+                        time.sleep(0.2)
+            return ends
         finally:
             consumer.close()
 

@@ -1,0 +1,166 @@
+"""The metadata WAL on the real broker, recovery from snapshots, and leases in the real etcd."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from deploy.stack import Endpoints
+from metadata import (
+    EtcdLeases,
+    LocalDirSnapshotStore,
+    MetadataManager,
+    MetadataWal,
+    SegmentRecord,
+    TopicRecord,
+)
+from segment_fsm import SegmentState, TopicAction
+from tests.metadata_factory import TOPIC_ID, seg
+
+pytestmark = pytest.mark.integration
+S = SegmentState
+
+
+def new_wal(stack: Endpoints, topic: str) -> MetadataWal:
+    return MetadataWal(stack.bootstrap, topic=topic, partitions=8)
+
+
+def history(n_segments: int, partitions: int = 4, epoch: int = 1) -> list[SegmentRecord]:
+    records = []
+    for i in range(n_segments):
+        sid = uuid.uuid4()
+        p = i % partitions
+        base = (i // partitions) * 100
+        records.append(seg(sid, S.COPY_SEGMENT_STARTED, base, base + 99, partition=p, epoch=epoch))
+        records.append(seg(sid, S.COPY_SEGMENT_FINISHED, base, base + 99, partition=p, epoch=epoch))
+        if i % 7 == 0:
+            records.append(seg(sid, S.DELETE_SEGMENT_STARTED, base, base + 99, partition=p, epoch=epoch))
+    return records
+
+
+def bulk(wal: MetadataWal, records: list) -> None:
+    for r in records:
+        wal.produce_async(wal.partition_for(r), r.encode())
+    wal.flush()
+
+
+def replay(
+    stack: Endpoints, topic: str, snapshot_dir: Path, remote: LocalDirSnapshotStore | None = None
+) -> MetadataManager:
+    manager = MetadataManager(new_wal(stack, topic), snapshot_dir, remote=remote)
+    manager.start(follow=False)
+    manager.wal.close()
+    return manager
+
+
+def test_recovery_from_snapshot_and_tail_equals_full_replay(stack: Endpoints, tmp_path: Path) -> None:
+    topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    writer = MetadataManager(new_wal(stack, topic), tmp_path / "snap")
+    writer.start()
+    enable = TopicRecord(
+        topic="orders", topic_id=TOPIC_ID, action=TopicAction.ENABLE, local_retention_ms=60_000, event_time=1
+    )
+    assert writer.publish(enable).accepted
+    bulk(writer.wal, history(300))
+    sid = uuid.uuid4()
+    assert writer.publish(seg(sid, S.COPY_SEGMENT_STARTED, 10**6, 10**6 + 9)).accepted
+    rejected = writer.publish(seg(sid, S.COPY_SEGMENT_STARTED.DELETE_SEGMENT_FINISHED, 10**6, 10**6 + 9))
+    assert not rejected.accepted and "illegal" in (rejected.reason or "")
+    writer.snapshot_now()
+    bulk(writer.wal, history(200, epoch=2))
+    assert writer.publish(seg(sid, S.COPY_SEGMENT_FINISHED, 10**6, 10**6 + 9, epoch=2)).accepted
+    expected = writer.state.digest()
+    writer.close()  # the consumer side goes away; a new one recovers
+
+    recovered = replay(stack, topic, tmp_path / "snap")
+    assert recovered.recovered_from.endswith(".tsnap")
+    full = replay(stack, topic, tmp_path / "empty")
+    assert full.recovered_from == "empty"
+    assert recovered.state.digest() == full.state.digest() == expected
+    assert full.state.counters.applied > recovered.state.counters.applied  # the snapshot saved work
+
+
+def test_garbage_record_is_skipped_and_replay_continues(stack: Endpoints, tmp_path: Path) -> None:
+    topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    wal = new_wal(stack, topic)
+    wal.ensure_topic()
+    good = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 0, 9)
+    part = wal.partition_for(good)
+    wal.append_payload(part, b"this is not a metadata record")
+    wal.append_payload(part, b"\xa7\x01\x01truncated")
+    wal.append(good)
+    wal.close()
+    manager = replay(stack, topic, tmp_path)
+    assert manager.state.counters.garbage == 2
+    p = manager.state.partition(TOPIC_ID, 0)
+    assert p is not None and p.state_of(good.segment_id.bytes) == S.COPY_SEGMENT_STARTED
+
+
+def test_corrupt_snapshots_fall_back_to_older_then_remote(stack: Endpoints, tmp_path: Path) -> None:
+    topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    remote = LocalDirSnapshotStore(tmp_path / "remote")
+    writer = MetadataManager(new_wal(stack, topic), tmp_path / "local", remote=remote)
+    writer.start()
+    bulk(writer.wal, history(50))
+    writer.publish(seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 10**5, 10**5 + 1))
+    older = writer.snapshot_now()
+    bulk(writer.wal, history(50, epoch=3))
+    writer.publish(seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 10**6, 10**6 + 1, epoch=3))
+    newest = writer.snapshot_now()
+    expected = writer.state.digest()
+    writer.close()
+
+    newest.write_bytes(newest.read_bytes()[:-100])  # truncated
+    fallback = replay(stack, topic, tmp_path / "local")
+    assert fallback.recovered_from == str(older)
+    assert fallback.state.digest() == expected
+
+    for path in (tmp_path / "local").iterdir():
+        data = bytearray(path.read_bytes())
+        data[40] ^= 0xFF
+        path.write_bytes(bytes(data))
+    from_remote = replay(stack, topic, tmp_path / "local", remote=remote)
+    assert from_remote.recovered_from.startswith("remote:")
+    assert from_remote.state.digest() == expected
+
+
+def test_two_sidecars_compete_for_a_lease_and_the_loser_is_fenced(stack: Endpoints, tmp_path: Path) -> None:
+    lost: list[tuple[str, int]] = []
+    prefix = f"/tiering-test-{uuid.uuid4().hex[:8]}"
+    a = EtcdLeases(stack.etcd.url, "broker-1", ttl=3, prefix=prefix, on_lost=lambda t, p: lost.append((t, p)))
+    b = EtcdLeases(stack.etcd.url, "broker-2", ttl=3, prefix=prefix)
+    token_a = a.acquire(TOPIC_ID, 0)
+    assert token_a is not None
+    assert b.acquire(TOPIC_ID, 0) is None
+    assert a.acquire(TOPIC_ID, 0) == token_a
+
+    b.client.delete(a.key(TOPIC_ID, 0))  # the key disappears (an operator, or an expiry) ...
+    for _ in range(100):  # ... and a notices within a refresh period: bounded wait, 10 s at most
+        if not a.is_held(TOPIC_ID, 0):
+            break
+        time.sleep(0.1)
+    assert not a.is_held(TOPIC_ID, 0) and lost == [(TOPIC_ID, 0)]
+    token_b = b.acquire(TOPIC_ID, 0)
+    assert token_b is not None and token_b > token_a
+
+    topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    wal = new_wal(stack, topic)
+    wal.ensure_topic()
+    winner = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 0, 99, epoch=1, token=token_b, broker=2)
+    late = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 100, 199, epoch=1, token=token_a, broker=1)
+    wal.append(winner)
+    wal.append(late)
+    wal.close()
+    replicas = [replay(stack, topic, tmp_path / f"r{i}") for i in range(2)]
+    for replica in replicas:
+        p = replica.state.partition(TOPIC_ID, 0)
+        assert p is not None
+        assert p.state_of(winner.segment_id.bytes) == S.COPY_SEGMENT_STARTED
+        assert p.state_of(late.segment_id.bytes) is None
+        assert replica.state.counters.rejected == 1
+        assert "lease token" in (replica.state.last_rejection or "")
+    a.close()
+    b.close()
