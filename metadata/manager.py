@@ -25,12 +25,12 @@ from metadata.snapshot import (
     prune,
     write_snapshot,
 )
-from metadata.state import ApplyResult, MetadataState
+from metadata.state import ACCEPTED, ApplyResult, MetadataState
 from metadata.wal import MetadataWal, WalError
 from tiering.logs import get_logger
 
 log = get_logger(__name__)
-_RECENT = 65536  # results kept for publishers waiting on their own records
+_RECENT = 65536  # rejections kept for publishers waiting on their own records
 
 
 class MetadataManager:
@@ -50,7 +50,7 @@ class MetadataManager:
         self.next_offsets: dict[int, int] = {}
         self.lock = threading.RLock()
         self._applied = threading.Condition(self.lock)
-        self._results: OrderedDict[tuple[int, int], ApplyResult] = OrderedDict()
+        self._rejections: OrderedDict[tuple[int, int], ApplyResult] = OrderedDict()
         self._since_snapshot = 0
         self._last_snapshot = time.monotonic()
         self._stop = threading.Event()
@@ -109,26 +109,24 @@ class MetadataManager:
 
     def _apply_batch(self, batch: list) -> None:
         with self._applied:
-            state = self.state
-            results = self._results
+            apply = self.state.apply_payload
+            rejections = self._rejections
             for m in batch:
-                part, offset = m.partition(), m.offset()
                 try:
-                    result = state.apply_payload(m.value())
+                    result = apply(m.value())
+                    if result.accepted:
+                        continue
                 except UnknownVersion:
                     result = ApplyResult(False, "record from a newer format version, skipped")
                 except RecordDecodeError as exc:
-                    log.error(
-                        "skipping an undecodable metadata record",
-                        wal_partition=part,
-                        offset=offset,
-                        error=str(exc),
-                    )
+                    where = {"wal_partition": m.partition(), "offset": m.offset()}
+                    log.error("skipping an undecodable metadata record", error=str(exc), **where)
                     result = ApplyResult(False, f"undecodable record: {exc}")
-                results[(part, offset)] = result
-                self.next_offsets[part] = offset + 1
-            while len(results) > _RECENT:
-                results.popitem(last=False)
+                rejections[(m.partition(), m.offset())] = result
+            while len(rejections) > _RECENT:
+                rejections.popitem(last=False)
+            for m in batch:  # per partition the last message wins: offsets only grow
+                self.next_offsets[m.partition()] = m.offset() + 1
             self._since_snapshot += len(batch)
             self._applied.notify_all()
 
@@ -150,7 +148,7 @@ class MetadataManager:
                         f"record at {self.wal.topic}[{part}]@{offset} not applied within {timeout:.0f}s"
                     )
                 self._applied.wait(remaining)
-            return self._results.get((part, offset), ApplyResult(False, "result no longer known"))
+            return self._rejections.get((part, offset), ACCEPTED)
 
     # -- queries -----------------------------------------------------------------------------
     def partition(self, topic_id: str, partition: int) -> PartitionSegments | None:

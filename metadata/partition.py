@@ -1,9 +1,10 @@
 """One user partition's remote segments, stored column by column.
 
 A million segments as Python objects would take well over 500 bytes each; here a segment costs its
-columns (16-byte id, five int64, one int32, one state byte) plus one dict entry from its id to its
-row. Rows are append-only; ``order`` lists rows by base offset so lookups bisect. Rows of segments
-whose deletion finished are dropped by ``compact``.
+columns: a 16-byte id, five int64, one int32, one state byte and its int64 slot in ``order``, about
+70 bytes. Rows are append-only; ``order`` lists rows by base offset, so a segment is found by
+bisecting on the base offset every record carries and comparing ids (no per-segment dict: loading a
+snapshot is a handful of ``frombytes`` calls). Rows of finished deletions are dropped by ``compact``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class RemoteSegment(NamedTuple):
 class PartitionSegments:
     __slots__ = (
         "base", "delete_state", "end", "epoch", "event_time", "fence", "ids", "max_span", "max_ts",
-        "order", "row_of", "size", "state", "topic",
+        "order", "size", "state", "topic",
     )  # fmt: skip
 
     def __init__(self, topic: str) -> None:
@@ -51,7 +52,6 @@ class PartitionSegments:
         self.epoch = array("i")
         self.state = bytearray()
         self.order = array("l")
-        self.row_of: dict[bytes, int] = {}
         self.fence = Fence(-1, 0)
         self.max_span = 0
         self.delete_state: PartitionDeleteState | None = None
@@ -59,8 +59,25 @@ class PartitionSegments:
     def __len__(self) -> int:
         return len(self.state)
 
-    def state_of(self, segment_id: bytes) -> int | None:
-        row = self.row_of.get(segment_id)
+    def find(self, segment_id: bytes, base_offset: int) -> int | None:
+        """The row of the segment with this id and base offset, or None."""
+        order, base, ids = self.order, self.base, self.ids
+        i = len(order) - 1
+        if i < 0 or base[order[i]] < base_offset:
+            return None  # beyond the newest: a new segment (the common case)
+        if base[order[i]] != base_offset:
+            i = bisect.bisect_right(order, base_offset, key=base.__getitem__) - 1
+        while i >= 0:
+            r = order[i]
+            if base[r] != base_offset:
+                return None
+            if ids[r * 16 : r * 16 + 16] == segment_id:
+                return r
+            i -= 1
+        return None
+
+    def state_of(self, segment_id: bytes, base_offset: int) -> int | None:
+        row = self.find(segment_id, base_offset)
         return None if row is None else self.state[row]
 
     def add(self, segment_id: bytes, state: int, epoch: int, event_time: int, base: int, end: int,
@@ -74,7 +91,6 @@ class PartitionSegments:
         self.max_ts.append(max_ts)
         self.size.append(size)
         self.event_time.append(event_time)
-        self.row_of[segment_id] = row
         base_col = self.base
         if not self.order or base_col[self.order[-1]] <= base:
             self.order.append(row)
@@ -82,8 +98,7 @@ class PartitionSegments:
             self.order.insert(bisect.bisect_right(self.order, base, key=base_col.__getitem__), row)
         self.max_span = max(self.max_span, end - base)
 
-    def update(self, segment_id: bytes, state: int, event_time: int) -> None:
-        row = self.row_of[segment_id]
+    def update(self, row: int, state: int, event_time: int) -> None:
         self.state[row] = state
         self.event_time[row] = event_time
 

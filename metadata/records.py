@@ -165,13 +165,28 @@ _TYPES: dict[int, type[_Record]] = {
 }
 
 
+_SEGMENT_HEAD = _HEAD.pack(MAGIC, VERSION, 1)
+_SEGMENT_FIXED = struct.Struct(">16si16sBiiqqqqqqH")  # SegmentRecord.FIXED + the topic name length
+
+
 def parse(data: bytes) -> tuple[int, tuple]:
     """Split one WAL payload into (record type, raw fields): the replay fast path.
 
     Fields are in struct order with ids as raw 16-byte strings and enums as ints, then the topic
-    name (str) and, for segments, the leader epochs. Raises UnknownVersion for a newer format and
-    RecordDecodeError for anything unparseable.
+    name (str) and, for segments, the raw leader-epoch entries (bytes, 12 per entry). Raises
+    UnknownVersion for a newer format and RecordDecodeError for anything unparseable.
     """
+    if data[:3] == _SEGMENT_HEAD:  # the common case, in one unpack
+        try:
+            f = _SEGMENT_FIXED.unpack_from(data, 3)
+            pos = 3 + _SEGMENT_FIXED.size + f[12]
+            topic = data[pos - f[12] : pos].decode()
+            (count,) = _U16.unpack_from(data, pos)
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise RecordDecodeError(f"malformed SegmentRecord: {exc}") from exc
+        if pos + 2 + count * 12 != len(data):
+            raise RecordDecodeError("malformed SegmentRecord: leader epochs do not fill the record")
+        return 1, (*f[:12], topic, data[pos + 2 :])
     try:
         magic, version, kind = _HEAD.unpack_from(data, 0)
     except struct.error as exc:
@@ -181,7 +196,7 @@ def parse(data: bytes) -> tuple[int, tuple]:
     if version > VERSION:
         raise UnknownVersion(f"record version {version} is newer than {VERSION}")
     cls = _TYPES.get(kind)
-    if version != VERSION or cls is None:
+    if version != VERSION or cls is None or kind == SegmentRecord.TYPE:
         raise RecordDecodeError(f"unknown record version {version} / type {kind}")
     try:
         fields = cls.FIXED.unpack_from(data, 3)
@@ -192,16 +207,9 @@ def parse(data: bytes) -> tuple[int, tuple]:
             return kind, fields
         (n,) = _U16.unpack_from(data, pos)
         topic = data[pos + 2 : pos + 2 + n].decode()
-        pos += 2 + n
-        if kind != SegmentRecord.TYPE:
-            if pos != len(data):
-                raise ValueError("trailing bytes or topic name past the end")
-            return kind, (*fields, topic)
-        (count,) = _U16.unpack_from(data, pos)
-        end = pos + 2 + count * _EPOCH.size
-        if end != len(data):
-            raise ValueError("leader epochs do not fill the record")
-        return kind, (*fields, topic, tuple(_EPOCH.iter_unpack(data[pos + 2 : end])))
+        if pos + 2 + n != len(data):
+            raise ValueError("trailing bytes or topic name past the end")
+        return kind, (*fields, topic)
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise RecordDecodeError(f"malformed {cls.__name__}: {exc}") from exc
 
@@ -215,7 +223,7 @@ def decode(data: bytes) -> MetadataRecord:
                 topic=f[12], topic_id=topic_id_str(f[0]), partition=f[1], segment_id=uuid.UUID(bytes=f[2]),
                 state=SegmentState(f[3]), broker_id=f[4], leader_epoch=f[5], fencing_token=f[6],
                 event_time=f[7], base_offset=f[8], end_offset=f[9], max_timestamp=f[10], size=f[11],
-                leader_epochs=f[13],
+                leader_epochs=tuple(_EPOCH.iter_unpack(f[13])),
             )  # fmt: skip
         if kind == PartitionDeleteRecord.TYPE:
             return PartitionDeleteRecord(

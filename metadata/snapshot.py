@@ -114,6 +114,7 @@ def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[b
                 list(p.fence),
                 None if p.delete_state is None else int(p.delete_state),
                 len(p),
+                p.max_span,
             ]
         )
         blobs.append(bytes(p.ids))
@@ -168,7 +169,7 @@ def _decode_body(body: memoryview) -> tuple[MetadataState, dict[int, int]]:
         pos += n
         return chunk
 
-    for tid, num, topic, fence, delete_state, n in header["partitions"]:
+    for tid, num, topic, fence, delete_state, n, max_span in header["partitions"]:
         p = PartitionSegments(topic)
         p.fence = Fence(*fence)
         p.delete_state = None if delete_state is None else PartitionDeleteState(delete_state)
@@ -180,8 +181,7 @@ def _decode_body(body: memoryview) -> tuple[MetadataState, dict[int, int]]:
         order = array("q")
         order.frombytes(take(8 * n))
         p.order = array("l", order)
-        p.row_of = {bytes(p.ids[r * 16 : r * 16 + 16]): r for r in range(n)}
-        p.max_span = max((p.end[r] - p.base[r] for r in range(n)), default=0)
+        p.max_span = max_span
         state.partitions[(topic_id_bytes(tid), num)] = p
     if pos != len(body):
         raise ValueError(f"{len(body) - pos} unexpected bytes after the last partition")

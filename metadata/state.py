@@ -117,7 +117,7 @@ class MetadataState:
         fence = p.fence
         if epoch < fence.leader_epoch or token < fence.token:
             return ApplyResult(False, fence_rejection(fence, Fence(epoch, token), broker))
-        row = p.row_of.get(sid)
+        row = p.find(sid, base)
         current = -1 if row is None else p.state[row]
         if state not in _ALLOWED[current]:
             return ApplyResult(
@@ -128,7 +128,7 @@ class MetadataState:
                 return ApplyResult(False, f"segment end offset {end} is below its base offset {base}")
             p.add(sid, state, epoch, event_time, base, end, max_ts, size)
         else:
-            p.update(sid, state, event_time)
+            p.update(row, state, event_time)
         if epoch > fence.leader_epoch or token > fence.token:
             p.fence = advance(fence, Fence(epoch, token))
         if (

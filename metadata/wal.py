@@ -201,17 +201,18 @@ class MetadataWal:
                 if stop is not None and stop.is_set():
                     return
                 messages = consumer.consume(batch, 0.2)
-                good = []
-                for m in messages:
-                    err = m.error()
-                    if err is not None:
-                        if err.fatal():
+                good = [m for m in messages if m.error() is None]
+                if len(good) != len(messages):
+                    for m in messages:
+                        err = m.error()
+                        if err is not None and err.fatal():
                             raise WalError(f"reading {self.topic}: {err}")
-                        continue
-                    good.append(m)
-                    if until is not None and m.offset() + 1 >= remaining.get(m.partition(), 0):
-                        remaining.pop(m.partition(), None)
                 if good:
+                    if remaining:
+                        last = {m.partition(): m.offset() for m in good}
+                        for p, o in last.items():
+                            if o + 1 >= remaining.get(p, 0):
+                                remaining.pop(p, None)
                     yield good
         finally:
             consumer.close()

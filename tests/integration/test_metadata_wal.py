@@ -96,7 +96,7 @@ def test_garbage_record_is_skipped_and_replay_continues(stack: Endpoints, tmp_pa
     manager = replay(stack, topic, tmp_path)
     assert manager.state.counters.garbage == 2
     p = manager.state.partition(TOPIC_ID, 0)
-    assert p is not None and p.state_of(good.segment_id.bytes) == S.COPY_SEGMENT_STARTED
+    assert p is not None and p.state_of(good.segment_id.bytes, 0) == S.COPY_SEGMENT_STARTED
 
 
 def test_corrupt_snapshots_fall_back_to_older_then_remote(stack: Endpoints, tmp_path: Path) -> None:
@@ -158,8 +158,8 @@ def test_two_sidecars_compete_for_a_lease_and_the_loser_is_fenced(stack: Endpoin
     for replica in replicas:
         p = replica.state.partition(TOPIC_ID, 0)
         assert p is not None
-        assert p.state_of(winner.segment_id.bytes) == S.COPY_SEGMENT_STARTED
-        assert p.state_of(late.segment_id.bytes) is None
+        assert p.state_of(winner.segment_id.bytes, 0) == S.COPY_SEGMENT_STARTED
+        assert p.state_of(late.segment_id.bytes, 100) is None
         assert replica.state.counters.rejected == 1
         assert "lease token" in (replica.state.last_rejection or "")
     a.close()

@@ -126,4 +126,4 @@ def test_illegal_transitions_never_change_the_state(states: list[SegmentState]) 
         if accepted:
             current = new
         p = state.partition(seg(sid, new).topic_id, 0)
-        assert (p.state_of(sid.bytes) if p else None) == (None if current is None else int(current))
+        assert (p.state_of(sid.bytes, 0) if p else None) == (None if current is None else int(current))

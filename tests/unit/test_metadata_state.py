@@ -42,9 +42,9 @@ def test_bounds_and_lookup_with_overlapping_epochs() -> None:
 def test_deleted_segments_leave_the_bounds_and_are_compacted() -> None:
     state = MetadataState()
     ids = [finished(state, i * 10, i * 10 + 9) for i in range(1100)]
-    for sid in ids[:700]:
-        state.apply(seg(sid, S.DELETE_SEGMENT_STARTED, 0, 9))
-        state.apply(seg(sid, S.DELETE_SEGMENT_FINISHED, 0, 9))
+    for i, sid in enumerate(ids[:700]):
+        assert state.apply(seg(sid, S.DELETE_SEGMENT_STARTED, i * 10, i * 10 + 9)).accepted
+        assert state.apply(seg(sid, S.DELETE_SEGMENT_FINISHED, i * 10, i * 10 + 9)).accepted
     p = state.partition(TOPIC_ID, 0)
     assert p is not None
     assert p.remote_bounds() == (7000, 10999)

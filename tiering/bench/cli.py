@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from tiering.bench.decode import decode
+from tiering.bench.metadata import metadata
 
 
 @click.group()
@@ -17,3 +18,4 @@ def bench() -> None:
 
 
 bench.add_command(decode)
+bench.add_command(metadata)

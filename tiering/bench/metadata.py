@@ -1,0 +1,149 @@
+"""``tiering bench metadata``: WAL replay, snapshots and recovery at a million segments.
+
+In one run, on the real broker: a metadata history of ``--segments`` segment copies (each
+COPY_SEGMENT_STARTED then COPY_SEGMENT_FINISHED, spread over many partitions) is written to a fresh
+WAL topic; a snapshot is taken after most of it and the rest becomes the WAL tail. Then:
+
+- full replay from offset 0 (what Kafka's own topic-based metadata manager does on every start);
+- recovery from the snapshot plus the tail (what we do);
+- snapshot write and load seconds, and resident bytes per segment (measured in a child process
+  that loads the snapshot, so nothing else in this process is counted).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import click
+
+from metadata import MetadataManager, MetadataWal, SegmentRecord
+from metadata.snapshot import load_snapshot
+from segment_fsm import SegmentState
+from tiering.bench.realstack import bench_stack, stack_dir_option
+
+_RSS_PROBE = """
+import gc, sys, psutil
+from pathlib import Path
+from metadata.snapshot import load_snapshot
+gc.collect()
+before = psutil.Process().memory_info().rss
+state, _ = load_snapshot(Path(sys.argv[1]))
+gc.collect()
+after = psutil.Process().memory_info().rss
+print(after - before, state.segment_count())
+"""
+
+
+def _history(wal: MetadataWal, first: int, count: int, partitions: int) -> int:
+    """Write ``count`` segments' STARTED + FINISHED records; returns the number of records."""
+    topic_id = "AAAAAAAAAAAAAAAAAAAAAA"
+    for i in range(first, first + count):
+        partition = i % partitions
+        base = (i // partitions) * 1000
+        sid = uuid.UUID(int=i + 1)
+        for state in (SegmentState.COPY_SEGMENT_STARTED, SegmentState.COPY_SEGMENT_FINISHED):
+            record = SegmentRecord.model_construct(
+                topic="bench", topic_id=topic_id, partition=partition, segment_id=sid, state=state, broker_id=1,
+                leader_epoch=1, fencing_token=0, event_time=i, base_offset=base, end_offset=base + 999,
+                max_timestamp=i, size=1 << 20, leader_epochs=((1, base),),
+            )  # fmt: skip
+            wal.produce_async(wal.partition_for(record), record.encode())
+    wal.flush()
+    return 2 * count
+
+
+def _timed_recovery(bootstrap: str, topic: str, snapshot_dir: Path) -> tuple[float, MetadataManager]:
+    manager = MetadataManager(MetadataWal(bootstrap, topic=topic), snapshot_dir)
+    start = time.perf_counter()
+    manager.start(follow=False)
+    seconds = time.perf_counter() - start
+    manager.wal.close()
+    return seconds, manager
+
+
+@click.command()
+@click.option(
+    "--segments",
+    type=click.IntRange(1000, 10_000_000),
+    default=1_000_000,
+    show_default=True,
+    help="Segment copies in the history (two WAL records each).",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="User partitions the segments are spread over.",
+)
+@click.option(
+    "--tail-percent",
+    type=click.FloatRange(0, 50),
+    default=1.0,
+    show_default=True,
+    help="Share of the history written after the snapshot (replayed from the WAL on recovery).",
+)
+@stack_dir_option
+def metadata(segments: int, partitions: int, tail_percent: float, stack_dir: Path | None) -> None:
+    """Metadata recovery: snapshot + WAL tail beside a full WAL replay, at a million segments.
+
+    The last line is a JSON object with `ratio` (full-replay seconds / snapshot-recovery seconds),
+    `bytes_per_segment` and `replay_records_s`. Targets: ratio >= 20, <= 500 bytes per segment,
+    replay >= 100k records/s.
+    """
+    tail = int(segments * tail_percent / 100)
+    with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="tiering-bench-md-") as tmp:
+        topic = f"__tiering_metadata_bench_{uuid.uuid4().hex[:8]}"
+        wal = MetadataWal(endpoints.bootstrap, topic=topic)
+        wal.ensure_topic()
+        t0 = time.perf_counter()
+        records = _history(wal, 0, segments - tail, partitions)
+        write_s = time.perf_counter() - t0
+        _, before = _timed_recovery(endpoints.bootstrap, topic, Path(tmp) / "unused")
+        t0 = time.perf_counter()
+        snapshot = before.snapshot_now()
+        snapshot_write_s = time.perf_counter() - t0
+        snap_dir = snapshot.parent
+        records += _history(wal, segments - tail, tail, partitions)
+        wal.close()
+
+        t0 = time.perf_counter()
+        load_snapshot(snapshot)
+        snapshot_load_s = time.perf_counter() - t0
+        full_s, full = _timed_recovery(endpoints.bootstrap, topic, Path(tmp) / "empty")
+        snap_s, recovered = _timed_recovery(endpoints.bootstrap, topic, snap_dir)
+        if full.state.digest() != recovered.state.digest():
+            raise click.ClickException("snapshot recovery and full replay disagree")
+        probe = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(snapshot)], capture_output=True, text=True,
+                               check=True)  # fmt: skip
+        rss_delta, loaded_segments = (int(x) for x in probe.stdout.split())
+        lines = [
+            {"measure": "history", "segments": segments, "records": records, "partitions": partitions,
+             "tail_records": 2 * tail, "write_s": round(write_s, 3)},
+            {"measure": "full_replay", "seconds": round(full_s, 3), "records_s": round(records / full_s)},
+            {"measure": "snapshot_recovery", "seconds": round(snap_s, 3), "source": recovered.recovered_from},
+            {"measure": "snapshot", "bytes": snapshot.stat().st_size, "write_s": round(snapshot_write_s, 3),
+             "load_s": round(snapshot_load_s, 3)},
+            {"measure": "memory", "segments_loaded": loaded_segments, "rss_delta_bytes": rss_delta},
+        ]  # fmt: skip
+        for line in lines:
+            click.echo(json.dumps(line))
+        click.echo(
+            json.dumps(
+                {
+                    "ratio": round(full_s / snap_s, 2),
+                    "bytes_per_segment": round(rss_delta / loaded_segments, 1),
+                    "replay_records_s": round(records / full_s),
+                    "full_replay_s": round(full_s, 3),
+                    "snapshot_recovery_s": round(snap_s, 3),
+                    "snapshot_write_s": round(snapshot_write_s, 3),
+                    "snapshot_load_s": round(snapshot_load_s, 3),
+                }
+            )
+        )
