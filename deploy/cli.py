@@ -39,9 +39,7 @@ def dev() -> None:
 
 @dev.command()
 @_dir_option
-@click.option(
-    "--brokers", type=click.IntRange(1, 5), default=1, show_default=True, help="Kafka nodes to run."
-)
+@click.option("--brokers", type=click.IntRange(1, 5), default=1, show_default=True, help="Kafka nodes to run.")
 def up(stack_dir: Path, brokers: int) -> None:
     """Start the stack (idempotent: prints the running stack's endpoints if it is up)."""
     try:

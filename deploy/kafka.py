@@ -26,9 +26,7 @@ JVM_OPTS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true", 
 def java_binary() -> str:
     java = shutil.which("java")
     if java is None:
-        raise StackError(
-            "java not found on PATH: install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre)"
-        )
+        raise StackError("java not found on PATH: install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre)")
     return java
 
 
@@ -145,6 +143,18 @@ def _java_cmd(node_dir: Path | None, main_class: str, *args: str) -> list[str]:
     return [java_binary(), *opts, "-cp", classpath(), main_class, *args]
 
 
+def formatted_cluster_id(node_dir: Path) -> str | None:
+    """The cluster id in the node's ``meta.properties``, or None if its storage is not formatted."""
+    meta = node_dir / "data" / "meta.properties"
+    if not meta.exists():
+        return None
+    for line in meta.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "cluster.id":
+            return value.strip()
+    raise StackError(f"{meta} has no cluster.id: delete {node_dir.parent} and start again")
+
+
 def format_storage(node_dir: Path, cluster_id: str) -> None:
     """Format the node's log dir for KRaft (``kafka.tools.StorageTool format``); idempotent."""
     if (node_dir / "data" / "meta.properties").exists():
@@ -160,9 +170,7 @@ def format_storage(node_dir: Path, cluster_id: str) -> None:
     )
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise StackError(
-            f"formatting Kafka storage in {node_dir} failed:\n{(result.stdout + result.stderr)[-3000:]}"
-        )
+        raise StackError(f"formatting Kafka storage in {node_dir} failed:\n{(result.stdout + result.stderr)[-3000:]}")
 
 
 def start_node(node_dir: Path) -> int:

@@ -27,20 +27,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def check_port_free(port: int, component: str) -> None:
-    """Raise StackError naming the component if 127.0.0.1:port is already taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise StackError(
-                f"{component}: port 127.0.0.1:{port} is already in use ({exc.strerror})"
-            ) from exc
-
-
-def spawn(
-    argv: Sequence[str], log_file: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> int:
+def spawn(argv: Sequence[str], log_file: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
     """Start ``argv`` in a new session, output appended to ``log_file``; returns the pid."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
@@ -69,23 +56,18 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-def wait_ready(
-    component: str, pid: int, probe: Callable[[], bool], log_file: Path, timeout: float = 90.0
-) -> None:
+def wait_ready(component: str, pid: int, probe: Callable[[], bool], log_file: Path, timeout: float = 90.0) -> None:
     """Poll ``probe`` until it returns True; raise StackError with the log tail on death or timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not alive(pid):
-            raise StackError(
-                f"{component} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}"
-            )
+            raise StackError(f"{component} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}")
         with contextlib.suppress(Exception):
             if probe():
                 return
         time.sleep(0.25)
     raise StackError(
-        f"{component} did not become ready within {timeout:.0f}s; "
-        f"last lines of {log_file}:\n{log_tail(log_file)}"
+        f"{component} did not become ready within {timeout:.0f}s; last lines of {log_file}:\n{log_tail(log_file)}"
     )
 
 

@@ -95,26 +95,31 @@ def fetch() -> None:
 
 
 def start(stack_dir: Path, brokers: int = 1) -> Endpoints:
-    """Start the stack in ``stack_dir`` (or return the running one's endpoints)."""
+    """Start the stack in ``stack_dir`` (or return the running one's endpoints).
+
+    A stopped stack starts again on its data (same cluster id, new ports). The number of brokers of
+    an existing stack cannot change: that raises StackError.
+    """
     stack_dir = Path(stack_dir).resolve()
     existing = stack_dir / ENDPOINTS
     if existing.exists():
         endpoints = Endpoints.load(existing)
+        if len(endpoints.brokers) != brokers:
+            raise StackError(
+                f"the stack in {stack_dir} has {len(endpoints.brokers)} broker(s); to run {brokers}, "
+                f"stop it (tiering dev down) and use another --dir or delete this one"
+            )
         if all(endpoints.components_alive().values()):
-            if len(endpoints.brokers) != brokers:
-                raise StackError(
-                    f"a stack with {len(endpoints.brokers)} broker(s) is running in {stack_dir}; "
-                    f"stop it first (tiering dev down) to start one with {brokers}"
-                )
             return endpoints
         stop(stack_dir)
     if brokers < 1:
         raise StackError(f"--brokers must be at least 1, not {brokers}")
     stack_dir.mkdir(parents=True, exist_ok=True)
     fetch()
+    cluster_id = kafka.formatted_cluster_id(stack_dir / "kafka-1") or kafka.new_cluster_id()
     started: list[int] = []
     try:
-        endpoints = _start_all(stack_dir, brokers, started)
+        endpoints = _start_all(stack_dir, brokers, cluster_id, started)
     except BaseException:
         for pid in started:
             stop_pid(pid, kill=True)
@@ -123,8 +128,7 @@ def start(stack_dir: Path, brokers: int = 1) -> Endpoints:
     return endpoints
 
 
-def _start_all(stack_dir: Path, n: int, started: list[int]) -> Endpoints:
-    cluster_id = kafka.new_cluster_id()
+def _start_all(stack_dir: Path, n: int, cluster_id: str, started: list[int]) -> Endpoints:
     nodes = [kafka.NodePorts(i, free_port(), free_port()) for i in range(1, n + 1)]
     broker_eps = []
     for node in nodes:
@@ -166,9 +170,7 @@ def _start_all(stack_dir: Path, n: int, started: list[int]) -> Endpoints:
             data_dir=str(minio_dir),
             pid=s3_pid,
         ),
-        etcd=EtcdEndpoint(
-            url=f"http://127.0.0.1:{etcd_port}", data_dir=str(stack_dir / "etcd"), pid=etcd_pid
-        ),
+        etcd=EtcdEndpoint(url=f"http://127.0.0.1:{etcd_port}", data_dir=str(stack_dir / "etcd"), pid=etcd_pid),
         kafka_classpath=kafka.classpath(),
         java=kafka.java_binary(),
     )
@@ -176,14 +178,7 @@ def _start_all(stack_dir: Path, n: int, started: list[int]) -> Endpoints:
     _ensure_bucket(endpoints)
     wait_ready("etcd", etcd_pid, lambda: etcd.etcd_healthy(etcd_port), stack_dir / "etcd" / "etcd.log")
     for b in broker_eps:
-        assert b.pid is not None
-        wait_ready(
-            f"kafka broker {b.id}",
-            b.pid,
-            lambda: _brokers_up(endpoints.bootstrap, n),
-            Path(b.node_dir) / "server.log",
-            timeout=120,
-        )
+        _wait_broker(b, n)
     return endpoints
 
 
@@ -206,10 +201,26 @@ def _ensure_bucket(endpoints: Endpoints) -> None:
         client.create_bucket(Bucket=endpoints.s3.bucket)
 
 
-def _brokers_up(bootstrap: str, n: int) -> bool:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
+def _broker_serving(broker: BrokerEndpoint, n: int) -> bool:
+    """True when ``broker`` itself answers a metadata request listing all ``n`` brokers.
+
+    Asking the broker itself (not the cluster) matters after a restart: the cluster keeps listing a
+    killed broker until its session times out, so a cluster-wide count can be stale.
+    """
+    admin = AdminClient({"bootstrap.servers": broker.host_port, "socket.timeout.ms": 2000, "log_level": 0})
     metadata = admin.list_topics(timeout=3)
-    return len(metadata.brokers) >= n
+    return metadata.orig_broker_id == broker.id and len(metadata.brokers) >= n
+
+
+def _wait_broker(broker: BrokerEndpoint, n: int) -> None:
+    assert broker.pid is not None
+    wait_ready(
+        f"kafka broker {broker.id}",
+        broker.pid,
+        lambda: _broker_serving(broker, n),
+        Path(broker.node_dir) / "server.log",
+        timeout=120,
+    )
 
 
 def stop(stack_dir: Path) -> None:
@@ -240,17 +251,14 @@ def kill_broker(endpoints: Endpoints, broker_id: int, *, hard: bool = True) -> N
 
 
 def restart_broker(endpoints: Endpoints, broker_id: int) -> Endpoints:
-    """Start a stopped broker again with its data; returns updated endpoints (saved)."""
+    """Start a stopped broker again on its data and wait until it serves; a running one is left alone.
+
+    Updates ``endpoints`` in place (the new pid), saves it to endpoints.json and returns it.
+    """
     b = endpoints.broker(broker_id)
     if alive(b.pid):
         return endpoints
     b.pid = kafka.start_node(Path(b.node_dir))
-    wait_ready(
-        f"kafka broker {b.id}",
-        b.pid,
-        lambda: _brokers_up(endpoints.bootstrap, len(endpoints.brokers)),
-        Path(b.node_dir) / "server.log",
-        timeout=120,
-    )
     endpoints.save()
+    _wait_broker(b, len(endpoints.brokers))
     return endpoints

@@ -91,9 +91,7 @@ class EtcdLeases:
                 try:
                     self.client.delete(self.key(topic_id, partition))
                 except Exception as exc:  # the lease expiring releases it anyway
-                    log.warning(
-                        "releasing a lease key failed", key=self.key(topic_id, partition), error=str(exc)
-                    )
+                    log.warning("releasing a lease key failed", key=self.key(topic_id, partition), error=str(exc))
 
     def _lose_all(self, why: str) -> None:
         with self._lock:

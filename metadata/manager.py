@@ -144,9 +144,7 @@ class MetadataManager:
                     raise WalError(f"metadata follower failed: {self._follower_error}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise WalError(
-                        f"record at {self.wal.topic}[{part}]@{offset} not applied within {timeout:.0f}s"
-                    )
+                    raise WalError(f"record at {self.wal.topic}[{part}]@{offset} not applied within {timeout:.0f}s")
                 self._applied.wait(remaining)
             return self._rejections.get((part, offset), ACCEPTED)
 

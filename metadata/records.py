@@ -95,9 +95,7 @@ class SegmentRecord(_Record):
             self.leader_epoch, self.fencing_token, self.event_time, self.base_offset, self.end_offset,
             self.max_timestamp, self.size,
         )  # fmt: skip
-        epochs = _U16.pack(len(self.leader_epochs)) + b"".join(
-            _EPOCH.pack(e, o) for e, o in self.leader_epochs
-        )
+        epochs = _U16.pack(len(self.leader_epochs)) + b"".join(_EPOCH.pack(e, o) for e, o in self.leader_epochs)
         return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic) + epochs
 
 

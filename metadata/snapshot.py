@@ -138,9 +138,7 @@ def decode_snapshot(data: bytes, name: str = "<snapshot>") -> tuple[MetadataStat
         raise SnapshotCorrupt(f"{name}: {len(data)} bytes is shorter than the snapshot prefix")
     magic, version, crc, length = _PREFIX.unpack_from(data, 0)
     if magic != MAGIC or version != VERSION:
-        raise SnapshotCorrupt(
-            f"{name}: not a version {VERSION} snapshot (magic {magic!r}, version {version})"
-        )
+        raise SnapshotCorrupt(f"{name}: not a version {VERSION} snapshot (magic {magic!r}, version {version})")
     body = memoryview(data)[_PREFIX.size :]
     if len(body) != length:
         raise SnapshotCorrupt(f"{name}: body is {len(body)} bytes, the prefix says {length} (truncated?)")

@@ -37,9 +37,7 @@ from segment_fsm import (
 from segment_fsm.fencing import advance
 from segment_fsm.states import SEGMENT_TRANSITIONS
 
-_ALLOWED = {
-    (-1 if k is None else int(k)): frozenset(int(v) for v in vs) for k, vs in SEGMENT_TRANSITIONS.items()
-}
+_ALLOWED = {(-1 if k is None else int(k)): frozenset(int(v) for v in vs) for k, vs in SEGMENT_TRANSITIONS.items()}
 _SEGMENT, _PARTITION, _TOPIC, _CLUSTER = (
     SegmentRecord.TYPE, PartitionDeleteRecord.TYPE, TopicRecord.TYPE, ClusterRecord.TYPE,
 )  # fmt: skip
@@ -131,11 +129,7 @@ class MetadataState:
             p.update(row, state, event_time)
         if epoch > fence.leader_epoch or token > fence.token:
             p.fence = advance(fence, Fence(epoch, token))
-        if (
-            state == DELETE_FINISHED
-            and len(p) >= COMPACT_AFTER
-            and p.state.count(DELETE_FINISHED) * 2 >= len(p)
-        ):
+        if state == DELETE_FINISHED and len(p) >= COMPACT_AFTER and p.state.count(DELETE_FINISHED) * 2 >= len(p):
             p.compact()
         return ACCEPTED
 
@@ -155,9 +149,7 @@ class MetadataState:
     def _apply_topic(self, f: tuple) -> ApplyResult:
         tid, action, local_ms, local_bytes, _broker, _time, topic = f
         current = self.topics.get(tid)
-        new, reason = apply_topic_action(
-            current[1] if current else None, TopicAction(action), local_ms, local_bytes
-        )
+        new, reason = apply_topic_action(current[1] if current else None, TopicAction(action), local_ms, local_bytes)
         if reason:
             return ApplyResult(False, f"topic {topic}: {reason}")
         assert new is not None

@@ -78,9 +78,7 @@ class MetadataWal:
         except Exception as exc:  # the topic may have been created concurrently by another sidecar
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise WalError(f"creating metadata topic {self.topic}: {exc}") from exc
-        log.info(
-            "metadata topic ready", topic=self.topic, partitions=self.partitions, replication=replication
-        )
+        log.info("metadata topic ready", topic=self.topic, partitions=self.partitions, replication=replication)
         return self.partitions
 
     def partition_for(self, record: MetadataRecord) -> int:
@@ -158,9 +156,7 @@ class MetadataWal:
             for p in range(self.partitions):
                 while p not in ends:
                     try:
-                        ends[p] = consumer.get_watermark_offsets(
-                            TopicPartition(self.topic, p), timeout=self.timeout
-                        )[1]
+                        ends[p] = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout)[1]
                     except KafkaException as exc:
                         if time.monotonic() > deadline:  # a new topic: leaders may still be moving
                             raise WalError(f"reading the end offset of {self.topic}[{p}]: {exc}") from exc
@@ -180,6 +176,7 @@ class MetadataWal:
                 "fetch.max.bytes": 64 * 1024 * 1024,
                 "max.partition.fetch.bytes": 8 * 1024 * 1024,
                 "queued.max.messages.kbytes": 256 * 1024,
+                "fetch.wait.max.ms": 100,
                 **self.client_config,
             }
         )

@@ -90,9 +90,7 @@ def encode_batch(
     return struct.pack(">qiibI", base_offset, length, leader_epoch, 2, crc) + after_crc
 
 
-def sample_records(
-    n: int, seed: int = 0
-) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+def sample_records(n: int, seed: int = 0) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
     out = []
     for i in range(n):
         key = None if (i + seed) % 4 == 0 else f"key-{seed}-{i}".encode()

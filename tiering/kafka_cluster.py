@@ -105,9 +105,7 @@ class KafkaCluster:
                     )
                     for p in sorted(desc.partitions, key=lambda p: p.id)
                 ),
-                configs={
-                    k: v.value for k, v in entries.items() if k in _TOPIC_CONFIGS and v.value is not None
-                },
+                configs={k: v.value for k, v in entries.items() if k in _TOPIC_CONFIGS and v.value is not None},
             )
         return result
 
@@ -153,9 +151,7 @@ class KafkaCluster:
         Idempotent: asking for an offset at or below the current log start changes nothing.
         Returns the log start offset the broker reports afterwards.
         """
-        futures = self.admin.delete_records(
-            [TopicPartition(topic, partition, offset)], request_timeout=self.timeout
-        )
+        futures = self.admin.delete_records([TopicPartition(topic, partition, offset)], request_timeout=self.timeout)
         (future,) = futures.values()
         deleted = _wait(future, f"delete records of {topic}-{partition} before {offset}", self.timeout)
         return int(deleted.low_watermark)

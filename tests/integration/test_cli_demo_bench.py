@@ -14,9 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
-    result = CliRunner().invoke(
-        main, ["demo", "--stack-dir", stack.stack_dir, "--mb", "3"], catch_exceptions=False
-    )
+    result = CliRunner().invoke(main, ["demo", "--stack-dir", stack.stack_dir, "--mb", "3"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "rolled" in result.output and "active" in result.output
     assert "first records decoded from 00000000000000000000.log" in result.output

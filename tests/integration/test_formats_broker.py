@@ -97,8 +97,7 @@ def produced(stack: Endpoints) -> Produced:
     for commit, sink in ((True, result.committed), (False, result.aborted)):
         txn.begin_transaction()
         records = [
-            (f"txn-{commit}-{i}".encode(), f"txn value {i}".encode(), [], base_ts + 90_000 + i)
-            for i in range(40)
+            (f"txn-{commit}-{i}".encode(), f"txn value {i}".encode(), [], base_ts + 90_000 + i) for i in range(40)
         ]
         _produce(txn, topic, records, expected, sink)
         assert txn.flush(60) == 0

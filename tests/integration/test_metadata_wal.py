@@ -67,7 +67,7 @@ def test_recovery_from_snapshot_and_tail_equals_full_replay(stack: Endpoints, tm
     bulk(writer.wal, history(300))
     sid = uuid.uuid4()
     assert writer.publish(seg(sid, S.COPY_SEGMENT_STARTED, 10**6, 10**6 + 9)).accepted
-    rejected = writer.publish(seg(sid, S.COPY_SEGMENT_STARTED.DELETE_SEGMENT_FINISHED, 10**6, 10**6 + 9))
+    rejected = writer.publish(seg(sid, S.DELETE_SEGMENT_FINISHED, 10**6, 10**6 + 9))
     assert not rejected.accepted and "illegal" in (rejected.reason or "")
     writer.snapshot_now()
     bulk(writer.wal, history(200, epoch=2))

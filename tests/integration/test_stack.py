@@ -34,9 +34,7 @@ def _produce(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, bytes]
 
 def _consume(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, bytes]]:
     """Read up to ``count`` records of ``topic`` from the start (gives up after ~60 s of polling)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
-    )
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     got: list[tuple[bytes, bytes]] = []
     for _ in range(120):

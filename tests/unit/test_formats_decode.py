@@ -97,8 +97,7 @@ def test_control_marker_decoding() -> None:
 def test_summarize_segment_validates_and_summarizes(tmp_path: Path) -> None:
     path = tmp_path / "00000000000000000100.log"
     path.write_bytes(
-        encode_batch(100, sample_records(10), leader_epoch=3)
-        + encode_batch(110, sample_records(5), leader_epoch=4)
+        encode_batch(100, sample_records(10), leader_epoch=3) + encode_batch(110, sample_records(5), leader_epoch=4)
     )
     summary = summarize_segment(path)
     assert (summary.base_offset, summary.last_offset, summary.batch_count) == (100, 114, 2)

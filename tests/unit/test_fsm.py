@@ -87,9 +87,7 @@ def histories(draw: st.DrawFn) -> list[list]:
             sid = uuid.UUID(int=draw(st.integers(0, 2**64)) * 16 + partition)
             for state in draw(st.lists(st.sampled_from(list(S)), min_size=1, max_size=5)):
                 epoch = draw(st.integers(0, 3))
-                records.append(
-                    seg(sid, state, base=i * 100, end=i * 100 + 99, partition=partition, epoch=epoch)
-                )
+                records.append(seg(sid, state, base=i * 100, end=i * 100 + 99, partition=partition, epoch=epoch))
         per_partition.append(records)
     return per_partition
 

@@ -18,9 +18,7 @@ S = SegmentState
 def finished(state: MetadataState, base: int, end: int, epoch: int = 1, partition: int = 0) -> uuid.UUID:
     sid = uuid.uuid4()
     assert state.apply(seg(sid, S.COPY_SEGMENT_STARTED, base, end, epoch=epoch, partition=partition)).accepted
-    assert state.apply(
-        seg(sid, S.COPY_SEGMENT_FINISHED, base, end, epoch=epoch, partition=partition)
-    ).accepted
+    assert state.apply(seg(sid, S.COPY_SEGMENT_FINISHED, base, end, epoch=epoch, partition=partition)).accepted
     return sid
 
 
@@ -87,9 +85,7 @@ def test_snapshot_round_trip(tmp_path: Path) -> None:
     assert offsets == {0: 17, 3: 4}
     assert loaded.digest() == state.digest()
     p = loaded.partition(TOPIC_ID, 1)
-    assert p is not None and p.segment_for_offset(4321) == state.partition(TOPIC_ID, 1).segment_for_offset(
-        4321
-    )
+    assert p is not None and p.segment_for_offset(4321) == state.partition(TOPIC_ID, 1).segment_for_offset(4321)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "magic"])

@@ -98,9 +98,7 @@ def test_remote_expiry_by_time_size_and_hole() -> None:
         remote, RetentionSettings(retention_ms=-1, retention_bytes=250), 0, local_only_bytes=50
     )
     assert [s.segment_id for s in by_size] == ["0", "1"]
-    below_hole = remote_segments_to_expire(
-        remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=100
-    )
+    below_hole = remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=100)
     assert len(below_hole) == 4
     assert remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=40) == []
 
@@ -125,9 +123,7 @@ def test_local_retention_never_passes_remote_end(
     part: tuple[list[LocalSegmentInfo], PartitionOffsets], local_bytes: int, local_ms: int, now: int
 ) -> None:
     local, offsets = part
-    settings = RetentionSettings(
-        retention_ms=-1, local_retention_bytes=local_bytes, local_retention_ms=local_ms
-    )
+    settings = RetentionSettings(retention_ms=-1, local_retention_bytes=local_bytes, local_retention_ms=local_ms)
     target = local_retention_target(local, offsets, settings, now)
     if target is not None:
         assert offsets.ry is not None and target <= offsets.ry + 1

@@ -25,9 +25,7 @@ def _produce_segments(bootstrap: str, log_dir: Path, megabytes: int, compression
     """Produce ``megabytes`` of realistic records; return the topic's rolled ``.log`` files."""
     topic = f"bench-decode-{os.getpid()}-{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": str(16 * 1024 * 1024)})])[
-        topic
-    ].result(60)
+    admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": str(16 * 1024 * 1024)})])[topic].result(60)
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -129,13 +127,9 @@ def _kafka_python_decode(files: list[Path]) -> int:
     show_default=True,
     help="Producer compression of the generated data.",
 )
-@click.option(
-    "--runs", type=click.IntRange(1, 20), default=3, show_default=True, help="Best of N runs per side."
-)
+@click.option("--runs", type=click.IntRange(1, 20), default=3, show_default=True, help="Best of N runs per side.")
 @stack_dir_option
-def decode(
-    segments_dir: Path | None, megabytes: int, compression: str, runs: int, stack_dir: Path | None
-) -> None:
+def decode(segments_dir: Path | None, megabytes: int, compression: str, runs: int, stack_dir: Path | None) -> None:
     """Segment decoding speed: header scan and full decode, ours beside kafka-python's.
 
     The last line is a JSON object with `ratio` (full decode MB/s, ours / kafka-python),
@@ -147,9 +141,7 @@ def decode(
         _report(files, runs, source=str(segments_dir))
         return
     with bench_stack(stack_dir) as endpoints:
-        files = _produce_segments(
-            endpoints.bootstrap, Path(endpoints.brokers[0].log_dir), megabytes, compression
-        )
+        files = _produce_segments(endpoints.bootstrap, Path(endpoints.brokers[0].log_dir), megabytes, compression)
         _report(files, runs, source=f"broker {endpoints.bootstrap}, compression {compression}")
 
 

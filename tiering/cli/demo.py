@@ -26,9 +26,7 @@ def _produce(bootstrap: str, topic: str, megabytes: int) -> int:
     i = 0
     while sent < target:
         note = "x" * (i % 400)
-        value = (
-            f'{{"order": {i}, "customer": "c-{i % 977}", "amount": {i % 1000 / 10:.2f}, "note": "{note}"}}'
-        )
+        value = f'{{"order": {i}, "customer": "c-{i % 977}", "amount": {i % 1000 / 10:.2f}, "note": "{note}"}}'
         while True:
             try:
                 producer.produce(
@@ -54,9 +52,7 @@ def show_segments(partition_dir: Path) -> None:
             headers = list(scan_headers(str(segment.log), buf))
         last = str(headers[-1].last_offset) if headers else "-"
         state = "active" if n == len(segments) - 1 else "rolled"
-        table.add_row(
-            str(segment.base_offset), last, f"{segment.log.stat().st_size:,}", str(len(headers)), state
-        )
+        table.add_row(str(segment.base_offset), last, f"{segment.log.stat().st_size:,}", str(len(headers)), state)
     console.print(table)
 
 
@@ -71,9 +67,7 @@ def show_sample(partition_dir: Path, count: int = 5) -> None:
             for r in batch.records:
                 value = (r.value or b"")[:40].decode(errors="replace")
                 headers = ", ".join(f"{k}={v!r}" for k, v in r.headers)
-                table.add_row(
-                    str(r.offset), str(r.timestamp), repr(r.key), value, headers, batch.header.compression
-                )
+                table.add_row(str(r.offset), str(r.timestamp), repr(r.key), value, headers, batch.header.compression)
                 shown += 1
                 if shown == count:
                     console.print(table)

@@ -24,8 +24,10 @@ from tiering.formats.layout import (
     find_partition_dirs,
     list_segments,
     mapped,
+    mapped_fd,
     parse_partition_dir,
     segment_file_name,
+    summarize_buffer,
     summarize_segment,
 )
 from tiering.formats.records import (
@@ -58,6 +60,7 @@ __all__ = [
     "iter_batches",
     "list_segments",
     "mapped",
+    "mapped_fd",
     "parse_leader_epoch_checkpoint",
     "parse_offset_index",
     "parse_partition_dir",
@@ -67,6 +70,7 @@ __all__ = [
     "read_topic_id",
     "scan_headers",
     "segment_file_name",
+    "summarize_buffer",
     "summarize_segment",
     "verify_batches",
 ]

@@ -119,9 +119,7 @@ def check_header(path: str, buf: bytes | memoryview, pos: int, end: int) -> Batc
     return header
 
 
-def scan_headers(
-    path: str, buf: bytes | memoryview, start: int = 0, end: int | None = None
-) -> Iterator[BatchHeader]:
+def scan_headers(path: str, buf: bytes | memoryview, start: int = 0, end: int | None = None) -> Iterator[BatchHeader]:
     """Yield every batch header in ``buf[start:end]`` without decoding records or checking CRCs.
 
     The fast path for planning (offsets, positions, sizes, timestamps); ``iter_batches`` validates.
@@ -134,12 +132,7 @@ def scan_headers(
     while end - pos >= HEADER_SIZE:
         fields = unpack(buf, pos)
         length = fields[1]
-        if (
-            fields[3] == 2
-            and length >= MIN_LENGTH
-            and pos + LOG_OVERHEAD + length <= end
-            and fields[5] & 7 <= 4
-        ):
+        if fields[3] == 2 and length >= MIN_LENGTH and pos + LOG_OVERHEAD + length <= end and fields[5] & 7 <= 4:
             yield make((*fields, pos))
             pos += length + LOG_OVERHEAD
             continue

@@ -9,6 +9,7 @@ segment with the greatest base offset is the active one. Files with ``.deleted``
 from __future__ import annotations
 
 import mmap
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,18 +107,23 @@ def mapped(path: Path) -> Iterator[memoryview]:
 
     Pages are loaded on demand by the kernel, so memory stays bounded by what is touched.
     """
-    with path.open("rb") as f:
-        size = f.seek(0, 2)
-        if size == 0:
-            yield memoryview(b"")
-            return
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        view = memoryview(mm)
-        try:
-            yield view
-        finally:
-            view.release()
-            mm.close()
+    with path.open("rb") as f, mapped_fd(f.fileno()) as view:
+        yield view
+
+
+@contextmanager
+def mapped_fd(fd: int) -> Iterator[memoryview]:
+    """``mapped`` for a file descriptor that is already open (the file may be renamed meanwhile)."""
+    if os.fstat(fd).st_size == 0:
+        yield memoryview(b"")
+        return
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    view = memoryview(mm)
+    try:
+        yield view
+    finally:
+        view.release()
+        mm.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,27 +145,30 @@ def summarize_segment(path: Path, size: int | None = None) -> SegmentSummary:
     Raises FormatError naming the file and byte position of the first problem (TruncatedBatchError
     for a partial tail), or when the file holds no batch at all.
     """
-    name = str(path)
     with mapped(path) as buf:
-        end = len(buf) if size is None else min(size, len(buf))
-        first: BatchHeader | None = None
-        last: BatchHeader | None = None
-        count = 0
-        max_ts = -1
-        epochs: list[int] = []
-        for header in verify_batches(name, buf, 0, end):
-            if first is None:
-                first = header
-            elif last is not None and header.base_offset <= last.last_offset:
-                message = f"offsets go backwards: {header.base_offset} follows {last.last_offset}"
-                raise FormatError(name, header.position, message)
-            last = header
-            count += 1
-            max_ts = max(max_ts, header.max_timestamp)
-            if not epochs or epochs[-1] != header.partition_leader_epoch:
-                epochs.append(header.partition_leader_epoch)
-        if first is None or last is None:
-            raise FormatError(name, 0, "segment holds no record batch")
-        return SegmentSummary(
-            name, first.base_offset, last.last_offset, max_ts, last.position + last.size, count, tuple(epochs)
-        )
+        return summarize_buffer(str(path), buf, len(buf) if size is None else min(size, len(buf)))
+
+
+def summarize_buffer(name: str, buf: bytes | memoryview, end: int) -> SegmentSummary:
+    """``summarize_segment`` over bytes already in hand (an mmap of an open file descriptor)."""
+    first: BatchHeader | None = None
+    last: BatchHeader | None = None
+    count = 0
+    max_ts = -1
+    epochs: list[int] = []
+    for header in verify_batches(name, buf, 0, end):
+        if first is None:
+            first = header
+        elif last is not None and header.base_offset <= last.last_offset:
+            message = f"offsets go backwards: {header.base_offset} follows {last.last_offset}"
+            raise FormatError(name, header.position, message)
+        last = header
+        count += 1
+        max_ts = max(max_ts, header.max_timestamp)
+        if not epochs or epochs[-1] != header.partition_leader_epoch:
+            epochs.append(header.partition_leader_epoch)
+    if first is None or last is None:
+        raise FormatError(name, 0, "segment holds no record batch")
+    return SegmentSummary(
+        name, first.base_offset, last.last_offset, max_ts, last.position + last.size, count, tuple(epochs)
+    )

@@ -143,9 +143,7 @@ def decode_records(
                 hlist.append((hkey, hval))
             headers = tuple(hlist)
         if pos != record_end:
-            raise ValueError(
-                f"record declared {length} bytes but its fields span {pos - record_end + length}"
-            )
+            raise ValueError(f"record declared {length} bytes but its fields span {pos - record_end + length}")
         ts = base_timestamp + ts_delta if log_append_time is None else log_append_time
         append(_new(Record, (base_offset + off_delta, ts, key, value, headers)))
     if pos != end:
@@ -153,9 +151,7 @@ def decode_records(
     return records
 
 
-def decode_batch(
-    path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True
-) -> RecordBatch:
+def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True) -> RecordBatch:
     """Check the CRC of the batch described by ``header`` and decode its records."""
     pos = header.position
     body = buf[pos + 21 : pos + LOG_OVERHEAD + header.length]
@@ -169,9 +165,7 @@ def decode_batch(
         data = decompress(codec, data, path, pos)
     append_time = header.max_timestamp if header.attributes & 0x08 else None
     try:
-        records = decode_records(
-            data, header.records_count, header.base_offset, header.base_timestamp, append_time
-        )
+        records = decode_records(data, header.records_count, header.base_offset, header.base_timestamp, append_time)
     except (IndexError, ValueError, UnicodeDecodeError) as exc:
         raise FormatError(path, pos, f"malformed records: {exc}") from exc
     return RecordBatch(header, records)
@@ -189,9 +183,7 @@ def iter_batches(
         yield decode_batch(path, buf, header, verify_crc=verify_crc)
 
 
-def verify_batches(
-    path: str, buf: bytes | memoryview, start: int = 0, end: int | None = None
-) -> Iterator[BatchHeader]:
+def verify_batches(path: str, buf: bytes | memoryview, start: int = 0, end: int | None = None) -> Iterator[BatchHeader]:
     """Yield each batch header after checking its CRC, without decoding records (fast validation)."""
     for header in scan_headers(path, buf, start, end):
         pos = header.position

@@ -39,9 +39,7 @@ class CopyDecision:
     after_hole: bool
 
 
-def next_segment_to_copy(
-    segments: Sequence[LocalSegmentInfo], offsets: PartitionOffsets
-) -> CopyDecision | None:
+def next_segment_to_copy(segments: Sequence[LocalSegmentInfo], offsets: PartitionOffsets) -> CopyDecision | None:
     """The next segment to copy, or None when nothing is eligible yet.
 
     ``segments`` are the partition's local segments sorted by base offset; the last one is the

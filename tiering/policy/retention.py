@@ -45,17 +45,12 @@ class RetentionSettings:
                 raise ConfigError(f"{name.replace('_', '.')} must be -1 (unlimited) or >= 0")
         for name in ("local_retention_ms", "local_retention_bytes"):
             if getattr(self, name) < SAME_AS_TOTAL:
-                raise ConfigError(
-                    f"{name.replace('_', '.')} must be -2 (same as total), -1 (unlimited) or >= 0"
-                )
+                raise ConfigError(f"{name.replace('_', '.')} must be -2 (same as total), -1 (unlimited) or >= 0")
         if _exceeds(self.effective_local_ms, self.retention_ms):
-            raise ConfigError(
-                f"local.retention.ms={self.local_retention_ms} exceeds retention.ms={self.retention_ms}"
-            )
+            raise ConfigError(f"local.retention.ms={self.local_retention_ms} exceeds retention.ms={self.retention_ms}")
         if _exceeds(self.effective_local_bytes, self.retention_bytes):
             raise ConfigError(
-                f"local.retention.bytes={self.local_retention_bytes} exceeds "
-                f"retention.bytes={self.retention_bytes}"
+                f"local.retention.bytes={self.local_retention_bytes} exceeds retention.bytes={self.retention_bytes}"
             )
 
     @property
@@ -98,9 +93,7 @@ def local_retention_target(
     for current, following in itertools.pairwise(live):
         if following.base_offset - 1 > offsets.ry:
             break  # not uploaded yet
-        by_time = (
-            limit_ms != UNLIMITED and current.max_timestamp >= 0 and now_ms - current.max_timestamp > limit_ms
-        )
+        by_time = limit_ms != UNLIMITED and current.max_timestamp >= 0 and now_ms - current.max_timestamp > limit_ms
         by_size = limit_bytes != UNLIMITED and remaining - current.size >= limit_bytes
         if not (by_time or by_size):
             break
@@ -146,9 +139,7 @@ def remote_segments_to_expire(
         below_hole = hole and log_start_offset is not None and segment.end_offset < log_start_offset
         age_ms = now_ms - segment.max_timestamp
         by_time = settings.retention_ms != UNLIMITED and age_ms > settings.retention_ms
-        by_size = (
-            settings.retention_bytes != UNLIMITED and remaining - segment.size >= settings.retention_bytes
-        )
+        by_size = settings.retention_bytes != UNLIMITED and remaining - segment.size >= settings.retention_bytes
         if not (below_hole or by_time or by_size):
             break
         remaining -= segment.size

@@ -1,0 +1,184 @@
+"""Moving segment bytes to and from the remote store (Kafka's RemoteStorageManager, in spirit).
+
+``copy`` validates the segment (every batch's CRC), then uploads the ``.log`` streamed from the
+open file, the ``.indexes`` blob, and the manifest last. It reads through file descriptors opened
+before anything else, so Kafka renaming the segment to ``.deleted`` meanwhile does not matter, and
+only up to the size the segment had when the copy started. On any failure it deletes what it wrote
+(a cleanup failure is logged and never hides the first error) and raises. It knows nothing of the
+metadata WAL: the caller writes COPY_SEGMENT_STARTED before and COPY_SEGMENT_FINISHED after.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+from tiering.errors import TieringError
+from tiering.formats import SegmentFiles, mapped_fd, segment_file_name, summarize_buffer
+from tiering.logs import get_logger
+from tiering.objects import INDEX_PARTS, Manifest, SegmentRef
+from tiering.ratelimit import RateLimiter
+from tiering.stores.base import RemoteStore
+
+log = get_logger(__name__)
+
+
+class SegmentGone(TieringError):
+    """The local segment disappeared before its copy started (Kafka's retention deleted it)."""
+
+
+class _FileRange:
+    """A read-only file object over bytes ``[0, length)`` of an open fd, rate limited.
+
+    Seekable (s3transfer reads parts by seeking); reads never go past ``length`` even if the file
+    grew, so a copy holds exactly the bytes that were validated.
+    """
+
+    def __init__(self, fd: int, length: int, limiter: RateLimiter | None) -> None:
+        self.fd = fd
+        self.length = length
+        self.pos = 0
+        self.limiter = limiter
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or self.pos + n > self.length:
+            n = self.length - self.pos
+        if n <= 0:
+            return b""
+        if self.limiter is not None:
+            self.limiter.acquire(n)
+        data = os.pread(self.fd, n, self.pos)
+        self.pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.length}[whence]
+        self.pos = max(0, min(self.length, base + offset))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSegment:
+    """A local segment to copy: its files and the base offset of the segment after it."""
+
+    files: SegmentFiles
+    next_base_offset: int
+
+    def producer_snapshot(self) -> Path:
+        return self.files.partition_dir / segment_file_name(self.next_base_offset, ".snapshot")
+
+    def leader_epoch_checkpoint(self) -> Path:
+        return self.files.partition_dir / "leader-epoch-checkpoint"
+
+
+class SegmentCopier:
+    def __init__(self, store: RemoteStore, prefix: str, *, limiter: RateLimiter | None = None,
+                 max_concurrent: int = 2) -> None:  # fmt: skip
+        self.store = store
+        self.prefix = prefix
+        self.limiter = limiter
+        self.slots = threading.BoundedSemaphore(max_concurrent)
+
+    def copy(self, ref: SegmentRef, segment: LocalSegment, size: int | None = None) -> Manifest:
+        """Copy the segment's bytes ``[0, size)`` (default: its current size) under ``ref``'s keys.
+
+        Raises SegmentGone if the ``.log`` is gone, FormatError if it is corrupt (nothing uploaded),
+        RemoteStoreError if the store fails (whatever was uploaded is deleted again).
+        """
+        with ExitStack() as files:
+            try:
+                log_fd = os.open(segment.files.log, os.O_RDONLY)
+            except FileNotFoundError as exc:
+                raise SegmentGone(f"{segment.files.log} no longer exists") from exc
+            files.callback(os.close, log_fd)
+            extras = {name: _read_optional(path) for name, path in self._index_files(segment).items()}
+            length = os.fstat(log_fd).st_size if size is None else size
+            with mapped_fd(log_fd) as buf:
+                summary = summarize_buffer(str(segment.files.log), buf, min(length, len(buf)))
+                length = summary.size
+                log_crc = crc32c.crc32c(buf[:length])
+            parts: dict[str, tuple[int, int]] = {}
+            position = 0
+            for name in INDEX_PARTS:
+                parts[name] = (position, len(extras[name]))
+                position += len(extras[name])
+            indexes = b"".join(extras[name] for name in INDEX_PARTS)
+            manifest = Manifest(
+                topic=ref.topic,
+                topic_id=ref.topic_id,
+                partition=ref.partition,
+                segment_id=ref.segment_id,
+                base_offset=ref.base_offset,
+                end_offset=summary.last_offset,
+                max_timestamp=summary.max_timestamp,
+                leader_epochs=[(e, ref.base_offset) for e in summary.leader_epochs],
+                log_size=length,
+                log_crc32c=log_crc,
+                indexes_size=len(indexes),
+                indexes_crc32c=crc32c.crc32c(indexes),
+                index_parts=parts,
+                created_ms=int(time.time() * 1000),
+            )
+            with self.slots:
+                self._upload(ref, _FileRange(log_fd, length, self.limiter), length, indexes, manifest)
+            return manifest
+
+    def _index_files(self, segment: LocalSegment) -> dict[str, Path]:
+        f = segment.files
+        return {
+            "offset": f.index,
+            "time": f.timeindex,
+            "txn": f.txnindex,
+            "producer_snapshot": segment.producer_snapshot(),
+            "leader_epoch": segment.leader_epoch_checkpoint(),
+        }
+
+    def _upload(self, ref: SegmentRef, body: _FileRange, length: int, indexes: bytes, manifest: Manifest) -> None:
+        log_key, index_key, manifest_key = ref.keys(self.prefix)
+        try:
+            self.store.put_file(log_key, body, length)
+            self.store.put_bytes(index_key, indexes)
+            self.store.put_bytes(manifest_key, manifest.encode())
+        except BaseException as first:
+            try:
+                self.store.delete([manifest_key, index_key, log_key])
+            except Exception as cleanup:
+                log.error("cleaning up a failed copy failed", segment=str(ref), error=str(cleanup), cause=str(first))
+            raise
+
+    def delete(self, ref: SegmentRef) -> None:
+        """Delete every object of the copy, manifest first (idempotent)."""
+        self.store.delete(list(reversed(ref.keys(self.prefix))))
+
+    def manifest(self, ref: SegmentRef) -> Manifest:
+        """The copy's manifest; ObjectNotFound if the copy is not (or no longer) complete."""
+        key = ref.key(self.prefix, "manifest")
+        return Manifest.decode(self.store.get_bytes(key), key)
+
+    def new_ref(self, topic: str, topic_id: str, partition: int, base_offset: int) -> SegmentRef:
+        return SegmentRef(topic, topic_id, partition, base_offset, uuid.uuid4())
+
+
+def _read_optional(path: Path) -> bytes:
+    """A small index file's bytes; b'' when Kafka has not created it. Preallocated zero tails are
+    kept as they are: readers stop at them exactly as Kafka does."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""

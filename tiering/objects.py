@@ -1,0 +1,106 @@
+"""Remote object layout of a segment copy, and its manifest.
+
+Keys (one factory, here)::
+
+    <prefix>/<topic>-<topicId>/<partition>/<20-digit base offset>-<segmentId>.<log|indexes|manifest>
+    e.g. kafka-tiering/orders-mXjDWYvGQ3SdP7gQi3DrqA/3/00000000000000001234-5f0c...e1.log
+
+The topic id keeps a deleted-and-recreated topic apart; the segment id (new for every copy attempt)
+means a retried or fenced upload never overwrites a committed copy. ``.indexes`` concatenates the
+offset index, time index, transaction index, producer snapshot and leader-epoch checkpoint; the
+manifest (JSON, versioned, written last) says where each part is and holds checksums and offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from tiering.errors import TieringError
+
+MANIFEST_VERSION = 1
+INDEX_PARTS = ("offset", "time", "txn", "producer_snapshot", "leader_epoch")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    """Identifies one copy of one segment."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    base_offset: int
+    segment_id: uuid.UUID
+
+    def partition_prefix(self, prefix: str) -> str:
+        return partition_prefix(prefix, self.topic, self.topic_id, self.partition)
+
+    def key(self, prefix: str, kind: str) -> str:
+        return f"{self.partition_prefix(prefix)}/{self.base_offset:020d}-{self.segment_id.hex}.{kind}"
+
+    def keys(self, prefix: str) -> list[str]:
+        """All keys of the copy, manifest last (the order to write; delete in reverse)."""
+        return [self.key(prefix, k) for k in ("log", "indexes", "manifest")]
+
+
+def partition_prefix(prefix: str, topic: str, topic_id: str, partition: int) -> str:
+    return f"{prefix}/{topic}-{topic_id}/{partition}"
+
+
+def parse_key(key: str) -> tuple[int, uuid.UUID, str] | None:
+    """(base offset, segment id, kind) of a segment object key, None for anything else."""
+    name = key.rsplit("/", 1)[-1]
+    stem, _, kind = name.partition(".")
+    base, _, sid = stem.partition("-")
+    if len(base) != 20 or not base.isdigit() or kind not in ("log", "indexes", "manifest"):
+        return None
+    try:
+        return int(base), uuid.UUID(hex=sid), kind
+    except ValueError:
+        return None
+
+
+class ManifestError(TieringError):
+    """A manifest is missing fields, of an unknown version, or does not match its objects."""
+
+
+class Manifest(BaseModel):
+    """What a finished copy holds. Offsets inclusive; checksums are CRC-32C of the object bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int = MANIFEST_VERSION
+    topic: str
+    topic_id: str
+    partition: int
+    segment_id: uuid.UUID
+    base_offset: int
+    end_offset: int
+    max_timestamp: int
+    leader_epochs: list[tuple[int, int]]
+    log_size: int
+    log_crc32c: int
+    indexes_size: int
+    indexes_crc32c: int
+    index_parts: dict[str, tuple[int, int]]  # name -> (position in .indexes, length)
+    created_ms: int
+
+    @property
+    def ref(self) -> SegmentRef:
+        return SegmentRef(self.topic, self.topic_id, self.partition, self.base_offset, self.segment_id)
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, data: bytes, key: str) -> Manifest:
+        try:
+            raw = json.loads(data)
+            if raw.get("version") != MANIFEST_VERSION:
+                raise ManifestError(f"{key}: unsupported manifest version {raw.get('version')}")
+            return cls.model_validate(raw)
+        except (ValueError, TypeError) as exc:
+            raise ManifestError(f"{key}: malformed manifest: {exc}") from exc

@@ -1,0 +1,57 @@
+"""The remote store interface and its errors.
+
+Contracts (every implementation):
+- ``put_file`` streams ``length`` bytes of an open file from ``offset``; memory stays bounded
+  whatever the size. Overwriting a key replaces it whole. A failed put leaves no object.
+- ``get_range(key, start, end)``: ``end`` is *inclusive*, as in HTTP ranges.
+- ``delete`` of a missing key is not an error (idempotent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import BinaryIO, Protocol
+
+from tiering.errors import TieringError
+
+
+class RemoteStoreError(TieringError):
+    """A remote store request failed. Nothing local was changed; retry later."""
+
+
+class ObjectNotFound(RemoteStoreError):
+    """The key does not exist. For a segment this means a lost or deleted copy: never serve it."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"remote object not found: {key}")
+
+
+class StoreUnavailable(RemoteStoreError):
+    """The store could not be reached (network, endpoint down, throttled past retries)."""
+
+    def __init__(self, endpoint: str, cause: object) -> None:
+        self.endpoint = endpoint
+        super().__init__(f"remote store {endpoint} is unreachable: {cause}")
+
+
+class RemoteStore(Protocol):
+    endpoint: str
+
+    def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
+        """Upload ``length`` bytes read from ``fileobj`` (positioned at the start) to ``key``."""
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` (inclusive) of ``key``; ObjectNotFound if it does not exist."""
+
+    def get_bytes(self, key: str) -> bytes: ...
+
+    def head(self, key: str) -> int | None:
+        """The object's size, or None if it does not exist."""
+
+    def list_keys(self, prefix: str) -> list[str]: ...
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete the keys; missing ones are fine (idempotent)."""

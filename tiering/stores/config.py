@@ -1,0 +1,39 @@
+"""Configuration of the remote store, embedded in the sidecar's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+
+class S3StoreConfig(BaseModel):
+    """An S3 bucket (AWS or any S3-compatible server)."""
+
+    kind: Literal["s3"] = "s3"
+    bucket: str
+    prefix: str = Field(default="kafka-tiering", description="Key prefix of every object of this cluster.")
+    endpoint_url: str | None = Field(default=None, description="For S3-compatible servers; None for AWS.")
+    region: str | None = None
+    path_style: bool = Field(default=False, description="Path-style addressing (most S3-compatible servers).")
+    access_key_id: str | None = Field(default=None, description="None: the standard AWS credential chain.")
+    secret_access_key: str | None = None
+    sse: Literal["AES256", "aws:kms"] | None = Field(default=None, description="Server-side encryption.")
+    kms_key_id: str | None = None
+    part_size: int = Field(default=16 << 20, ge=5 << 20, description="Multipart part size (S3 minimum 5 MiB).")
+    max_concurrency: int = Field(default=4, ge=1, le=64, description="Parts in flight per upload.")
+    connect_timeout: float = 5.0
+    read_timeout: float = 60.0
+    max_attempts: int = Field(default=5, ge=1, description="Attempts per request, with backoff (botocore).")
+
+
+class FileSystemStoreConfig(BaseModel):
+    """A directory (a mounted NFS/object gateway, or the embedded default for trials)."""
+
+    kind: Literal["filesystem"] = "filesystem"
+    root: Path
+    prefix: str = "kafka-tiering"
+
+
+StoreConfig = Annotated[S3StoreConfig | FileSystemStoreConfig, Field(discriminator="kind")]

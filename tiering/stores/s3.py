@@ -1,0 +1,132 @@
+"""A RemoteStore on S3 and S3-compatible servers, through boto3.
+
+Uploads go through boto3's managed transfer: multipart above ``multipart_threshold``, parts of
+``part_size`` bytes, ``max_concurrency`` parts in flight, each part's checksum (CRC32) computed by
+botocore and verified by the server; s3transfer aborts the multipart upload when anything fails.
+Memory is bounded by about ``max_concurrency x part_size`` (parts are read from the file as they are
+sent). Credentials come from the standard AWS chain unless given explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO, TypeVar
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, EndpointConnectionError
+
+from tiering.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
+from tiering.stores.config import S3StoreConfig
+
+T = TypeVar("T")
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+class S3Store:
+    def __init__(self, config: S3StoreConfig) -> None:
+        self.bucket = config.bucket
+        self.endpoint = config.endpoint_url or f"s3://{config.bucket}"
+        boto_config = Config(
+            region_name=config.region,
+            s3={"addressing_style": "path" if config.path_style else "auto"},
+            retries={"max_attempts": config.max_attempts, "mode": "standard"},
+            connect_timeout=config.connect_timeout,
+            read_timeout=config.read_timeout,
+            max_pool_connections=max(10, config.max_concurrency * 2),
+        )
+        self.client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            aws_access_key_id=config.access_key_id,
+            aws_secret_access_key=config.secret_access_key,
+            config=boto_config,
+        )
+        self.transfer = TransferConfig(
+            multipart_threshold=config.part_size,
+            multipart_chunksize=config.part_size,
+            max_concurrency=config.max_concurrency,
+            use_threads=config.max_concurrency > 1,
+        )
+        self.sse: dict[str, str] = {}
+        if config.sse:
+            self.sse["ServerSideEncryption"] = config.sse
+            if config.kms_key_id:
+                self.sse["SSEKMSKeyId"] = config.kms_key_id
+
+    def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in _MISSING:
+                raise ObjectNotFound(key) from exc
+            raise RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {code} {exc}") from exc
+        except (EndpointConnectionError, ConnectionError) as exc:
+            raise StoreUnavailable(self.endpoint, exc) from exc
+        except BotoCoreError as exc:
+            raise RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {exc}") from exc
+
+    def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
+        extra = {"ChecksumAlgorithm": "CRC32", **self.sse}
+        self._call(
+            "upload",
+            key,
+            lambda: self.client.upload_fileobj(fileobj, self.bucket, key, ExtraArgs=extra, Config=self.transfer),
+        )
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": data, "ChecksumAlgorithm": "CRC32"}
+        self._call("put", key, lambda: self.client.put_object(**args, **self.sse))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        response = self._call(
+            "get",
+            key,
+            lambda: self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}"),
+        )
+        return bytes(self._call("read", key, response["Body"].read))
+
+    def get_bytes(self, key: str) -> bytes:
+        response = self._call("get", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key))
+        return bytes(self._call("read", key, response["Body"].read))
+
+    def head(self, key: str) -> int | None:
+        try:
+            response = self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key))
+        except ObjectNotFound:
+            return None
+        return int(response["ContentLength"])
+
+    def list_keys(self, prefix: str) -> list[str]:
+        def run() -> list[str]:
+            keys: list[str] = []
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                keys.extend(obj["Key"] for obj in page.get("Contents", []))
+            return keys
+
+        return self._call("list", prefix, run)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        batch = list(keys)
+        for i in range(0, len(batch), 1000):
+            chunk = batch[i : i + 1000]
+            response = self._call(
+                "delete", chunk[0],
+                lambda chunk=chunk: self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
+                ),
+            )  # fmt: skip
+            errors = [e for e in response.get("Errors", []) if e.get("Code") not in _MISSING]
+            if errors:
+                raise RemoteStoreError(f"deleting from s3://{self.bucket} at {self.endpoint}: {errors[:3]}")
+
+    def pending_multipart_uploads(self, prefix: str) -> list[str]:
+        """Keys with unfinished multipart uploads under ``prefix`` (there should be none)."""
+        response = self._call(
+            "list uploads",
+            prefix,
+            lambda: self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix),
+        )
+        return [u["Key"] for u in response.get("Uploads", [])]
