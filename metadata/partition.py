@@ -51,7 +51,7 @@ class PartitionSegments:
         self.event_time = array("q")
         self.epoch = array("i")
         self.state = bytearray()
-        self.order = array("l")
+        self.order = array("q")
         self.fence = Fence(-1, 0)
         self.max_span = 0
         self.delete_state: PartitionDeleteState | None = None

@@ -18,7 +18,6 @@ import os
 import shutil
 import struct
 import time
-from array import array
 from pathlib import Path
 from typing import Protocol
 
@@ -121,7 +120,7 @@ def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[b
         blobs.extend(getattr(p, c).tobytes() for c in COLUMNS_Q)
         blobs.append(p.epoch.tobytes())
         blobs.append(bytes(p.state))
-        blobs.append(array("q", p.order).tobytes())
+        blobs.append(p.order.tobytes())
     head = json.dumps(header).encode()
     body = [_U32.pack(len(head)), head, *blobs]
     crc = 0
@@ -176,9 +175,7 @@ def _decode_body(body: memoryview) -> tuple[MetadataState, dict[int, int]]:
             getattr(p, column).frombytes(take(8 * n))
         p.epoch.frombytes(take(4 * n))
         p.state = bytearray(take(n))
-        order = array("q")
-        order.frombytes(take(8 * n))
-        p.order = array("l", order)
+        p.order.frombytes(take(8 * n))
         p.max_span = max_span
         state.partitions[(topic_id_bytes(tid), num)] = p
     if pos != len(body):
