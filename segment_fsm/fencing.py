@@ -19,9 +19,7 @@ class Fence(NamedTuple):
 def fence_rejection(seen: Fence, record: Fence, broker_id: int) -> str | None:
     """None when ``record`` may be applied to a partition that has seen ``seen``, else why not."""
     if record.leader_epoch < seen.leader_epoch:
-        return (
-            f"fenced: broker {broker_id} wrote with leader epoch {record.leader_epoch} < {seen.leader_epoch}"
-        )
+        return f"fenced: broker {broker_id} wrote with leader epoch {record.leader_epoch} < {seen.leader_epoch}"
     if record.token < seen.token:
         return f"fenced: broker {broker_id} wrote with lease token {record.token} < {seen.token}"
     return None

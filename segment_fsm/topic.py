@@ -66,13 +66,9 @@ def apply_topic_action(
             f"cannot {action.name.lower().replace('_', '-')}: tiering is not enabled for the topic",
         )
     if action is TopicAction.ROLLBACK:
-        return replace(
-            state, enabled=False, rolled_back=True, upload_paused=False, download_paused=False
-        ), None
+        return replace(state, enabled=False, rolled_back=True, upload_paused=False, download_paused=False), None
     if action is TopicAction.UPDATE_RETENTION:
-        return replace(
-            state, local_retention_ms=local_retention_ms, local_retention_bytes=local_retention_bytes
-        ), None
+        return replace(state, local_retention_ms=local_retention_ms, local_retention_bytes=local_retention_bytes), None
     flags = {
         TopicAction.PAUSE_UPLOAD: {"upload_paused": True},
         TopicAction.RESUME_UPLOAD: {"upload_paused": False},
