@@ -17,6 +17,9 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "dev": ("deploy.cli", "dev", "Start, stop and inspect the local stack (Kafka, S3 server, etcd)."),
     "bench": ("tiering.bench.cli", "bench", "Benchmarks that print JSON, ours beside a reference."),
     "demo": ("tiering.cli.demo", "demo", "The quickstart: start the stack, produce, and show the loop."),
+    "sidecar": ("tiering.cli.sidecar", "sidecar", "Run the sidecar beside a broker."),
+    "topic": ("tiering.cli.topic", "topic", "Enable, pause, resume, roll back and inspect tiering of a topic."),
+    "cluster": ("tiering.cli.topic", "cluster", "Cluster-wide pause, resume, rollback and status."),
 }
 
 

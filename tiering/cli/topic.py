@@ -1,0 +1,281 @@
+"""``tiering topic`` and ``tiering cluster``: per-topic and cluster-wide tiering controls and status.
+
+Every change is a record in the metadata WAL, applied through segment_fsm by every sidecar.
+Enabling never touches the topic's Kafka configuration: retention.ms / retention.bytes stay the
+total retention (KIP-405), so if the sidecars stop, brokers keep data locally up to what was meant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from metadata import ClusterRecord, TopicRecord
+from metadata.partition import DELETE_FINISHED
+from segment_fsm import SegmentState, TopicAction
+from tiering.cli.common import admin_context, config_option
+from tiering.errors import ConfigError, TieringError
+from tiering.kafka_cluster import KafkaClusterError, TopicInfo
+from tiering.objects import partition_prefix
+from tiering.policy import RetentionSettings
+from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.partition_task import PartitionTask
+from tiering.sidecar.status import read_status
+
+console = Console()
+
+
+def _topic_info(ctx: SidecarContext, name: str) -> TopicInfo:
+    if name not in ctx.cluster.topic_names():
+        raise click.ClickException(f"topic {name!r} does not exist in the cluster at {ctx.cluster.bootstrap}")
+    try:
+        return ctx.cluster.topics([name])[name]
+    except KafkaClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _publish_topic(ctx: SidecarContext, info: TopicInfo, action: TopicAction, **retention: int) -> None:
+    record = TopicRecord(topic=info.name, topic_id=info.topic_id, action=action, event_time=ctx.now_ms(), **retention)
+    result = ctx.manager.publish(record)
+    if not result.accepted:
+        raise click.ClickException(result.reason or "rejected")
+
+
+@click.group()
+def topic() -> None:
+    """Enable, pause, resume or roll back tiered storage of a topic, and show its status."""
+
+
+@topic.command()
+@click.argument("name")
+@click.option(
+    "--local-retention-ms",
+    type=click.IntRange(-2),
+    default=-2,
+    show_default=True,
+    help="local.retention.ms: how long data stays on the broker's disk once uploaded (-2: same as retention.ms).",
+)
+@click.option(
+    "--local-retention-bytes",
+    type=click.IntRange(-2),
+    default=-2,
+    show_default=True,
+    help="local.retention.bytes per partition on the broker's disk (-2: same as retention.bytes).",
+)
+@config_option
+def enable(name: str, local_retention_ms: int, local_retention_bytes: int, config_file: Path | None) -> None:
+    """Start tiering topic NAME: upload rolled segments, keep only the local retention on disk.
+
+    The topic's retention.ms / retention.bytes are not changed: they stay the total retention.
+    Compacted topics and a local retention above the total are refused.
+    """
+    with admin_context(config_file) as ctx:
+        info = _topic_info(ctx, name)
+        if info.compacted:
+            raise click.ClickException(
+                f"topic {name} has cleanup.policy={info.configs.get('cleanup.policy')}: compacted topics cannot be "
+                "tiered (Kafka's KIP-405 does not support them either)"
+            )
+        try:
+            RetentionSettings(
+                retention_ms=info.config_int("retention.ms", 7 * 24 * 3600 * 1000),
+                retention_bytes=info.config_int("retention.bytes", -1),
+                local_retention_ms=local_retention_ms,
+                local_retention_bytes=local_retention_bytes,
+            )
+        except ConfigError as exc:
+            raise click.ClickException(f"topic {name}: {exc}") from exc
+        current = ctx.manager.state.topic(name)
+        if current is not None and current[0] == info.topic_id and current[1].enabled:
+            state = current[1]
+            click.echo(
+                f"tiering is already enabled for {name} (local.retention.ms={state.local_retention_ms}, "
+                f"local.retention.bytes={state.local_retention_bytes}); nothing changed"
+            )
+            return
+        _publish_topic(ctx, info, TopicAction.ENABLE, local_retention_ms=local_retention_ms,
+                       local_retention_bytes=local_retention_bytes)  # fmt: skip
+        total_ms, total_bytes = info.configs.get("retention.ms", "default"), info.configs.get("retention.bytes", "-1")
+        click.echo(
+            f"enabled tiering for {name} ({len(info.partitions)} partitions): local.retention.ms={local_retention_ms}, "
+            f"local.retention.bytes={local_retention_bytes}; the total retention stays retention.ms={total_ms}, "
+            f"retention.bytes={total_bytes}"
+        )
+
+
+def _simple_action(action: TopicAction, done: str, doc: str) -> click.Command:
+    @click.argument("name")
+    @config_option
+    def command(name: str, config_file: Path | None) -> None:
+        with admin_context(config_file) as ctx:
+            _publish_topic(ctx, _topic_info(ctx, name), action)
+            click.echo(f"{name}: {done}")
+
+    command.__doc__ = doc
+    return click.command(action.name.lower().replace("_", "-"))(command)
+
+
+topic.add_command(_simple_action(TopicAction.PAUSE_UPLOAD, "uploads paused", "Stop uploading segments of topic NAME."))
+topic.add_command(_simple_action(TopicAction.RESUME_UPLOAD, "uploads resumed", "Resume uploads of topic NAME."))
+topic.add_command(
+    _simple_action(TopicAction.PAUSE_DOWNLOAD, "remote reads paused", "Stop serving reads of NAME from remote.")
+)
+topic.add_command(
+    _simple_action(TopicAction.RESUME_DOWNLOAD, "remote reads resumed", "Serve reads of NAME from remote again.")
+)
+
+
+@topic.command()
+@click.argument("name")
+@click.option("--delete-remote", is_flag=True, help="Also delete every remote object of the topic.")
+@config_option
+def rollback(name: str, delete_remote: bool, config_file: Path | None) -> None:
+    """Stop tiering topic NAME: no more uploads and no more local deletion by the sidecar.
+
+    From then on the broker's own retention governs the local log. The remote copy stays readable
+    until its retention, unless --delete-remote deletes it now (through the segment state machine).
+    """
+    with admin_context(config_file) as ctx:
+        info = _topic_info(ctx, name)
+        _publish_topic(ctx, info, TopicAction.ROLLBACK)
+        click.echo(f"{name}: rolled back; the broker's retention now governs its local log")
+        if delete_remote:
+            deleted = _delete_remote(ctx, info)
+            click.echo(f"{name}: deleted {deleted} remote segment copies and every object under the topic's prefix")
+
+
+def _delete_remote(ctx: SidecarContext, info: TopicInfo) -> int:
+    deleted = 0
+    for p in info.partitions:
+        with ctx.manager.lock:
+            part = ctx.manager.partition(info.topic_id, p.partition)
+            segments = [s for s in part.segments() if s.state != DELETE_FINISHED] if part is not None else []
+            epoch, token = part.fence if part is not None else (0, 0)
+        task = PartitionTask(ctx, info.name, info.topic_id, p.partition)
+        for seg in segments:
+            if not task.delete_copy(seg, epoch, token):
+                raise TieringError(
+                    f"could not delete remote copy at offset {seg.base_offset} of {info.name}-{p.partition}"
+                )
+            deleted += 1
+        prefix = partition_prefix(ctx.prefix, info.name, info.topic_id, p.partition) + "/"
+        ctx.store.delete(ctx.store.list_keys(prefix))
+    return deleted
+
+
+def partition_rows(ctx: SidecarContext, info: TopicInfo) -> list[dict[str, Any]]:
+    """One status row per partition: Kafka's offsets, the remote range, copy lag, states, last error."""
+    offsets = ctx.cluster.local_offsets([(info.name, p.partition) for p in info.partitions])
+    status = read_status(ctx.settings.state_dir)["partitions"]
+    rows = []
+    for p in info.partitions:
+        local = offsets[(info.name, p.partition)]
+        with ctx.manager.lock:
+            part = ctx.manager.partition(info.topic_id, p.partition)
+            rx, ry = part.remote_bounds() if part is not None else (None, None)
+            counts = part.counts() if part is not None else {s.name: 0 for s in SegmentState}
+            remote_bytes = part.remote_size() if part is not None else 0
+        side = status.get(f"{info.name}-{p.partition}", {})
+        rows.append(
+            {
+                "partition": p.partition, "leader": p.leader, "Lx": local.lx, "Ly": local.ly, "Lz": local.lz,
+                "Rx": rx, "Ry": ry, "remote_bytes": remote_bytes,
+                "copy_lag_bytes": side.get("copy_lag_bytes"), "copy_lag_segments": side.get("copy_lag_segments"),
+                "segments": counts, "last_error": side.get("last_error"),
+            }
+        )  # fmt: skip
+    return rows
+
+
+@topic.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@config_option
+def status(name: str, as_json: bool, config_file: Path | None) -> None:
+    """Per partition of NAME: Lx, Ly, Lz (Kafka), Rx, Ry (remote), copy lag, segments per state, last error."""
+    with admin_context(config_file) as ctx:
+        info = _topic_info(ctx, name)
+        state = ctx.manager.state.topic(name)
+        tiering = state[1] if state is not None and state[0] == info.topic_id else None
+        rows = partition_rows(ctx, info)
+    if as_json:
+        click.echo(json.dumps({"topic": name, "topic_id": info.topic_id, "tiering": vars_or_none(tiering),
+                               "partitions": rows}, default=str))  # fmt: skip
+        return
+    title = f"{name} ({info.topic_id}): " + (
+        "not tiered" if tiering is None else
+        ", ".join(k for k in ("enabled", "upload_paused", "download_paused", "rolled_back") if getattr(tiering, k))
+    )  # fmt: skip
+    table = Table(title=title)
+    for col in ("partition", "Lx", "Ly", "Lz", "Rx", "Ry", "copy lag", "started/finished/deleting", "last error"):
+        table.add_column(col)
+    for r in rows:
+        c = r["segments"]
+        lag = "-" if r["copy_lag_bytes"] is None else f"{r['copy_lag_bytes']:,} B / {r['copy_lag_segments']} seg"
+        table.add_row(
+            str(r["partition"]), str(r["Lx"]), str(r["Ly"]), str(r["Lz"]), str(r["Rx"]), str(r["Ry"]), lag,
+            f"{c['COPY_SEGMENT_STARTED']}/{c['COPY_SEGMENT_FINISHED']}/{c['DELETE_SEGMENT_STARTED']}",
+            r["last_error"] or "",
+        )  # fmt: skip
+    Console(width=160).print(table)
+
+
+def vars_or_none(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {k: getattr(value, k) for k in value.__slots__}  # type: ignore[attr-defined]
+
+
+@click.group()
+def cluster() -> None:
+    """Pause, resume or roll back tiering for every topic at once, and show what is tiered."""
+
+
+def _cluster_action(action: TopicAction, done: str, doc: str) -> click.Command:
+    @config_option
+    def command(config_file: Path | None) -> None:
+        with admin_context(config_file) as ctx:
+            result = ctx.manager.publish(ClusterRecord(action=action, event_time=ctx.now_ms()))
+            if not result.accepted:
+                raise click.ClickException(result.reason or "rejected")
+            click.echo(done)
+
+    command.__doc__ = doc
+    return click.command(action.name.lower().replace("_", "-"))(command)
+
+
+cluster.add_command(_cluster_action(TopicAction.PAUSE_UPLOAD, "uploads paused cluster-wide", "Stop all uploads."))
+cluster.add_command(_cluster_action(TopicAction.RESUME_UPLOAD, "uploads resumed cluster-wide", "Resume uploads."))
+cluster.add_command(
+    _cluster_action(
+        TopicAction.ROLLBACK, "tiering rolled back cluster-wide", "Stop uploads and local deletion everywhere."
+    )
+)
+
+
+@cluster.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@config_option
+def cluster_status(as_json: bool, config_file: Path | None) -> None:
+    """Cluster-wide switches and every topic with a tiering state."""
+    with admin_context(config_file) as ctx:
+        flags = {"upload_paused": ctx.manager.state.cluster.upload_paused,
+                 "rolled_back": ctx.manager.state.cluster.rolled_back}  # fmt: skip
+        topics = [{"topic": n, **vars_or_none(t)} for n, t in ctx.manager.state.topics.values()]  # type: ignore[dict-item]
+    if as_json:
+        click.echo(json.dumps({"cluster": flags, "topics": topics}))
+        return
+    click.echo(f"cluster: upload_paused={flags['upload_paused']} rolled_back={flags['rolled_back']}")
+    table = Table()
+    for col in ("topic", "enabled", "upload paused", "download paused", "rolled back", "local.retention.ms",
+                "local.retention.bytes"):  # fmt: skip
+        table.add_column(col)
+    for t in topics:
+        table.add_row(t["topic"], str(t["enabled"]), str(t["upload_paused"]), str(t["download_paused"]),
+                      str(t["rolled_back"]), str(t["local_retention_ms"]), str(t["local_retention_bytes"]))  # fmt: skip
+    Console(width=160).print(table)

@@ -1,0 +1,101 @@
+"""The sidecar's configuration: pydantic-settings, from a YAML or TOML file and ``TIERING_*`` env vars.
+
+Precedence: explicit arguments, then environment variables (``TIERING_BOOTSTRAP_SERVERS``, nested with
+``__``: ``TIERING_REMOTE_STORAGE__BUCKET``), then the file given with ``--config``, then defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
+
+from tiering.errors import ConfigError
+from tiering.stores.config import FileSystemStoreConfig, StoreConfig
+
+
+class SidecarSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TIERING_", env_nested_delimiter="__", extra="forbid")
+
+    bootstrap_servers: str = Field(description="Kafka bootstrap servers (the local broker is enough).")
+    log_dirs: Annotated[list[Path], NoDecode] = Field(description="The broker's log.dirs (comma-separated in env).")
+    broker_id: int | None = Field(default=None, description="This broker's node.id; default: from meta.properties.")
+    state_dir: Path = Field(default=Path("/var/lib/tiering"), description="Snapshots and the status file.")
+    remote_storage: StoreConfig = Field(
+        default_factory=lambda: FileSystemStoreConfig(root=Path("/var/lib/tiering/remote")),
+        description="Where segments go: kind s3 (bucket, prefix, endpoint_url...) or filesystem (root).",
+    )
+    metadata_topic: str = "__tiering_metadata"
+    metadata_partitions: int = Field(default=50, ge=1, le=1000)
+    snapshot_every_records: int = Field(default=100_000, ge=1)
+    snapshot_every_seconds: float = Field(default=300.0, gt=0)
+    etcd_url: str | None = Field(default=None, description="Partition leases in etcd (optional).")
+    etcd_lease_ttl_seconds: int = Field(default=10, ge=2)
+    rescan_interval_seconds: float = Field(default=30.0, gt=0, description="Full rescan even without events.")
+    upload_max_concurrency: int = Field(default=2, ge=1, le=64, description="Segments uploaded at once.")
+    upload_bytes_per_second: int | None = Field(default=None, ge=1, description="Upload rate cap (None: none).")
+    copy_started_timeout_seconds: float = Field(
+        default=900.0, gt=0, description="A COPY_SEGMENT_STARTED older than this is abandoned and swept."
+    )
+    metrics_port: int | None = Field(default=9464, description="Prometheus /metrics and /status (None: off).")
+    metrics_host: str = "127.0.0.1"
+
+    @field_validator("log_dirs", mode="before")
+    @classmethod
+    def _split_log_dirs(cls, value: Any) -> Any:
+        return value.split(",") if isinstance(value, str) else value
+
+    def resolve_broker_id(self) -> int:
+        """``broker_id``, else ``node.id`` (or ``broker.id``) from meta.properties in the log dirs."""
+        if self.broker_id is not None:
+            return self.broker_id
+        for log_dir in self.log_dirs:
+            try:
+                text = (log_dir / "meta.properties").read_text()
+            except FileNotFoundError:
+                continue
+            props = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+            for key in ("node.id", "broker.id"):
+                if key in props:
+                    return int(props[key])
+        raise ConfigError(f"broker_id is not set and no meta.properties with node.id in {self.log_dirs}")
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> SidecarSettings:
+    """Settings from ``config_file`` (.yaml/.yml/.toml), the environment and ``overrides``.
+
+    Raises ConfigError naming the file and the invalid fields.
+    """
+    if config_file is not None and not config_file.exists():
+        raise ConfigError(f"configuration file {config_file} does not exist")
+
+    class _FromFile(SidecarSettings):
+        @classmethod
+        def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if config_file is not None:
+                if config_file.suffix == ".toml":
+                    sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+                else:
+                    sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            return tuple(sources)
+
+    try:
+        return SidecarSettings.model_validate(_FromFile(**overrides).model_dump())
+    except (ValueError, SettingsError) as exc:  # pydantic's ValidationError is a ValueError
+        where = f" in {config_file}" if config_file else ""
+        raise ConfigError(f"invalid sidecar configuration{where}:\n{exc}") from exc

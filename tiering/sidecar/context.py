@@ -1,0 +1,96 @@
+"""What every part of the sidecar shares, built once from the settings."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from metadata import EtcdLeases, MetadataManager, MetadataWal
+from metadata.snapshot import SnapshotStore
+from tiering.config import SidecarSettings
+from tiering.copier import SegmentCopier
+from tiering.kafka_cluster import KafkaCluster
+from tiering.metrics import SidecarMetrics
+from tiering.ratelimit import RateLimiter
+from tiering.stores.base import ObjectNotFound, RemoteStore
+from tiering.stores.factory import open_store
+
+
+class StoreSnapshots:
+    """Metadata snapshots kept in the remote store (metadata declares the protocol, we implement it)."""
+
+    def __init__(self, store: RemoteStore, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def put_file(self, key: str, path: Path) -> None:
+        with path.open("rb") as f:
+            self.store.put_file(f"{self.prefix}/{key}", f, path.stat().st_size)
+
+    def get_file(self, key: str, path: Path) -> None:
+        try:
+            path.write_bytes(self.store.get_bytes(f"{self.prefix}/{key}"))
+        except ObjectNotFound as exc:
+            raise FileNotFoundError(key) from exc
+
+    def list_keys(self, prefix: str) -> list[str]:
+        keys = self.store.list_keys(f"{self.prefix}/{prefix}/")
+        return sorted(k.removeprefix(f"{self.prefix}/") for k in keys)
+
+    def delete(self, key: str) -> None:
+        self.store.delete([f"{self.prefix}/{key}"])
+
+
+@dataclass
+class SidecarContext:
+    settings: SidecarSettings
+    broker_id: int
+    cluster: KafkaCluster
+    manager: MetadataManager
+    store: RemoteStore
+    copier: SegmentCopier
+    metrics: SidecarMetrics
+    leases: EtcdLeases | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.remote_storage.prefix
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    @classmethod
+    def build(cls, settings: SidecarSettings, *, writes_snapshots: bool = True) -> SidecarContext:
+        """Everything the sidecar needs; ``writes_snapshots=False`` for CLI commands, which only read them."""
+        broker_id = settings.resolve_broker_id()
+        store = open_store(settings.remote_storage)
+        prefix = settings.remote_storage.prefix
+        snapshots: SnapshotStore = StoreSnapshots(store, prefix)
+        manager = MetadataManager(
+            MetadataWal(settings.bootstrap_servers, settings.metadata_topic, settings.metadata_partitions),
+            settings.state_dir / "snapshots",
+            remote=snapshots,
+            remote_prefix=f"metadata-snapshots/{settings.metadata_topic}",
+            snapshot_every_records=settings.snapshot_every_records if writes_snapshots else sys.maxsize,
+            snapshot_every_seconds=settings.snapshot_every_seconds if writes_snapshots else float("inf"),
+        )
+        limiter = RateLimiter(settings.upload_bytes_per_second) if settings.upload_bytes_per_second else None
+        copier = SegmentCopier(store, prefix, limiter=limiter, max_concurrent=settings.upload_max_concurrency)
+        leases = None
+        if settings.etcd_url:
+            leases = EtcdLeases(settings.etcd_url, f"broker-{broker_id}", ttl=settings.etcd_lease_ttl_seconds)
+        return cls(
+            settings=settings,
+            broker_id=broker_id,
+            cluster=KafkaCluster(settings.bootstrap_servers),
+            manager=manager,
+            store=store,
+            copier=copier,
+            metrics=SidecarMetrics(),
+            leases=leases,
+        )

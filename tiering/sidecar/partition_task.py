@@ -1,0 +1,307 @@
+"""One partition's work in one tick: copy, local retention, total retention, sweeping.
+
+Write-ahead everywhere: COPY_SEGMENT_STARTED is durable before the first byte is uploaded, and
+COPY_SEGMENT_FINISHED is written only after the manifest (the last object). A crash at any point
+leaves either a finished copy or a STARTED one, which the sweeper deletes after
+``copy_started_timeout_seconds`` and the next copy retries with a new segment id. Deletions go
+through DELETE_SEGMENT_STARTED / FINISHED the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from metadata import SegmentRecord
+from metadata.partition import DELETE_STARTED, FINISHED, STARTED, RemoteSegment
+from segment_fsm import SegmentState, TopicTiering
+from tiering.copier import LocalSegment, SegmentGone
+from tiering.errors import ConfigError, FormatError, TieringError
+from tiering.formats import SegmentFiles, list_segments
+from tiering.kafka_cluster import LocalOffsets, TopicInfo
+from tiering.logs import get_logger
+from tiering.objects import SegmentRef, parse_key
+from tiering.policy import (
+    LocalSegmentInfo,
+    OffsetViolation,
+    PartitionOffsets,
+    RemoteSegmentInfo,
+    RetentionSettings,
+    local_retention_target,
+    next_segment_to_copy,
+    remote_segments_to_expire,
+)
+from tiering.sidecar.context import SidecarContext
+from tiering.stores.base import RemoteStoreError
+
+log = get_logger(__name__)
+
+
+@dataclass
+class PartitionFacts:
+    """What the runner learned about a partition this tick."""
+
+    topic: TopicInfo
+    partition: int
+    partition_dir: Path
+    offsets: LocalOffsets
+    tiering: TopicTiering
+    uploads_allowed: bool
+    local_deletion_allowed: bool
+
+
+@dataclass
+class PartitionStatus:
+    copy_lag_bytes: int = 0
+    copy_lag_segments: int = 0
+    last_error: str | None = None
+
+
+class PartitionTask:
+    """The state kept across ticks for one partition this broker leads."""
+
+    def __init__(self, ctx: SidecarContext, topic: str, topic_id: str, partition: int) -> None:
+        self.ctx = ctx
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partition = partition
+        self.status = PartitionStatus()
+        self.labels = {"topic": topic, "partition": str(partition)}
+        self.corrupt: dict[int, int] = {}  # base offset -> size when found corrupt (skip until it changes)
+
+    # -- the tick ---------------------------------------------------------------------------
+    def step(self, facts: PartitionFacts) -> None:
+        try:
+            self._step(facts)
+            self.status.last_error = None
+        except OffsetViolation as exc:
+            self.ctx.metrics.offset_violations.labels(**self.labels).inc()
+            self._error(str(exc))
+        except TieringError as exc:
+            self._error(str(exc))
+
+    def _error(self, message: str) -> None:
+        self.status.last_error = message
+        log.error("partition step failed", topic=self.topic, partition=self.partition, error=message)
+
+    def _step(self, facts: PartitionFacts) -> None:
+        token = 0
+        if self.ctx.leases is not None:
+            held = self.ctx.leases.acquire(self.topic_id, self.partition)
+            if held is None:
+                raise TieringError(f"{self.topic}-{self.partition}: another sidecar holds the partition lease")
+            token = held
+        epoch = facts.offsets.leader_epoch
+        local = self._local_segments(facts.partition_dir)
+        offsets = self._offsets(facts.offsets)
+        offsets.check(f"{self.topic}-{self.partition}")
+        self._update_lag(local, offsets)
+        if facts.uploads_allowed:
+            while not self.ctx.stopping.is_set():
+                decision = next_segment_to_copy([s for s, _ in local], offsets)
+                if decision is None or not self._copy(decision.segment, decision.end_offset, local, epoch, token):
+                    break
+                offsets = self._offsets(facts.offsets)
+            self._update_lag(local, offsets)
+        settings = self._retention(facts)
+        if settings is not None and facts.local_deletion_allowed:
+            self._local_retention(local, offsets, settings)
+        if settings is not None:
+            self._remote_retention(local, offsets, settings, epoch, token)
+        self._sweep(epoch, token, offsets)
+        with self.ctx.manager.lock:
+            p = self.ctx.manager.partition(self.topic_id, self.partition)
+            self.ctx.metrics.remote_log_size_bytes.labels(**self.labels).set(p.remote_size() if p else 0)
+
+    # -- facts ------------------------------------------------------------------------------
+    def _local_segments(self, partition_dir: Path) -> list[tuple[LocalSegmentInfo, SegmentFiles]]:
+        out = []
+        for files in list_segments(partition_dir):
+            try:
+                size = files.log.stat().st_size
+                max_ts = files.max_timestamp()
+            except FileNotFoundError:
+                continue  # renamed to .deleted by Kafka's retention between listing and stat
+            out.append((LocalSegmentInfo(files.base_offset, size, max_ts), files))
+        return out
+
+    def _offsets(self, local: LocalOffsets) -> PartitionOffsets:
+        with self.ctx.manager.lock:
+            p = self.ctx.manager.partition(self.topic_id, self.partition)
+            rx, ry = p.remote_bounds() if p is not None else (None, None)
+        return PartitionOffsets(local.lx, local.ly, local.lz, rx, ry)
+
+    def _update_lag(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets) -> None:
+        lag_bytes = lag_segments = 0
+        for (seg, _), (following, _) in itertools.pairwise(local):
+            done = offsets.ry is not None and following.base_offset - 1 <= offsets.ry
+            if not done and following.base_offset <= offsets.ly and following.base_offset > offsets.lx:
+                lag_bytes += seg.size
+                lag_segments += 1
+        self.status.copy_lag_bytes, self.status.copy_lag_segments = lag_bytes, lag_segments
+        self.ctx.metrics.copy_lag_bytes.labels(**self.labels).set(lag_bytes)
+        self.ctx.metrics.copy_lag_segments.labels(**self.labels).set(lag_segments)
+
+    def _retention(self, facts: PartitionFacts) -> RetentionSettings | None:
+        try:
+            return RetentionSettings(
+                retention_ms=facts.topic.config_int("retention.ms", 7 * 24 * 3600 * 1000),
+                retention_bytes=facts.topic.config_int("retention.bytes", -1),
+                local_retention_ms=facts.tiering.local_retention_ms,
+                local_retention_bytes=facts.tiering.local_retention_bytes,
+            )
+        except ConfigError as exc:
+            self._error(f"{self.topic}: retention settings are inconsistent, no retention applied: {exc}")
+            return None
+
+    # -- records ----------------------------------------------------------------------------
+    def _record(self, ref: SegmentRef, state: SegmentState, end: int, max_ts: int, size: int, epoch: int,
+                token: int) -> SegmentRecord:  # fmt: skip
+        return SegmentRecord(
+            topic=self.topic, topic_id=self.topic_id, partition=self.partition, segment_id=ref.segment_id,
+            state=state, broker_id=self.ctx.broker_id, leader_epoch=epoch, fencing_token=token,
+            event_time=self.ctx.now_ms(), base_offset=ref.base_offset, end_offset=end, max_timestamp=max_ts,
+            size=size, leader_epochs=((epoch, ref.base_offset),),
+        )  # fmt: skip
+
+    def _publish(self, record: SegmentRecord) -> bool:
+        result = self.ctx.manager.publish(record)
+        if not result.accepted:
+            log.warning(
+                "metadata transition rejected", topic=self.topic, partition=self.partition,
+                state=record.state.name, reason=result.reason,
+            )  # fmt: skip
+        return result.accepted
+
+    # -- copy -------------------------------------------------------------------------------
+    def _copy(self, seg: LocalSegmentInfo, end: int, local: list[tuple[LocalSegmentInfo, SegmentFiles]], epoch: int,
+              token: int) -> bool:  # fmt: skip
+        """Copy one segment through the FSM; True when it finished (so the next one may follow)."""
+        if self.corrupt.get(seg.base_offset) == seg.size:
+            return False
+        index = next(i for i, (s, _) in enumerate(local) if s.base_offset == seg.base_offset)
+        files, next_base = local[index][1], local[index + 1][0].base_offset
+        ref = SegmentRef(self.topic, self.topic_id, self.partition, seg.base_offset, uuid.uuid4())
+        if not self._publish(self._record(ref, SegmentState.COPY_SEGMENT_STARTED, end, seg.max_timestamp, seg.size,
+                                          epoch, token)):  # fmt: skip
+            return False
+        try:
+            manifest = self.ctx.copier.copy(ref, LocalSegment(files, next_base), size=seg.size)
+        except (SegmentGone, FormatError, RemoteStoreError) as exc:
+            if isinstance(exc, FormatError):
+                self.corrupt[seg.base_offset] = seg.size
+                self.ctx.metrics.corrupt_segments.labels(**self.labels).inc()
+            if isinstance(exc, RemoteStoreError):
+                self.ctx.metrics.store_unavailable.inc()
+            self.ctx.metrics.copy_errors.labels(**self.labels).inc()
+            self._error(f"copy of {files.log} failed: {exc}")
+            self._abandon(ref, end, seg, epoch, token)
+            return False
+        if self.ctx.leases is not None and not self.ctx.leases.is_held(self.topic_id, self.partition):
+            self._error(f"{self.topic}-{self.partition}: lease lost during the copy; not finishing it")
+            return False  # the new holder's sweeper removes the STARTED copy
+        finished = self._record(ref, SegmentState.COPY_SEGMENT_FINISHED, end, manifest.max_timestamp,
+                                manifest.log_size, epoch, token)  # fmt: skip
+        if not self._publish(finished):
+            return False  # fenced or swept: whoever owns the partition now removes the objects
+        self.ctx.metrics.copy_bytes.labels(**self.labels).inc(manifest.log_size)
+        self.ctx.metrics.copy_segments.labels(**self.labels).inc()
+        log.info(
+            "segment copied", topic=self.topic, partition=self.partition, base_offset=seg.base_offset,
+            end_offset=end, bytes=manifest.log_size, segment_id=ref.segment_id.hex,
+        )  # fmt: skip
+        return True
+
+    def _abandon(self, ref: SegmentRef, end: int, seg: LocalSegmentInfo, epoch: int, token: int) -> None:
+        """A failed copy: DELETE_SEGMENT_STARTED, delete its objects, DELETE_SEGMENT_FINISHED."""
+        try:
+            if self._publish(self._record(ref, SegmentState.DELETE_SEGMENT_STARTED, end, seg.max_timestamp, seg.size,
+                                          epoch, token)):  # fmt: skip
+                self.ctx.copier.delete(ref)
+                self._publish(self._record(ref, SegmentState.DELETE_SEGMENT_FINISHED, end, seg.max_timestamp,
+                                           seg.size, epoch, token))  # fmt: skip
+        except TieringError as exc:  # the sweeper retries a DELETE_SEGMENT_STARTED later
+            log.error("abandoning a failed copy failed", segment=str(ref), error=str(exc))
+
+    # -- deletion of remote copies -----------------------------------------------------------
+    def delete_copy(self, seg: RemoteSegment, epoch: int, token: int) -> bool:
+        """Delete a remote copy through the FSM (idempotent). True when DELETE_SEGMENT_FINISHED."""
+        ref = SegmentRef(self.topic, self.topic_id, self.partition, seg.base_offset, uuid.UUID(bytes=seg.segment_id))
+        common = (seg.end_offset, seg.max_timestamp, seg.size, max(epoch, seg.leader_epoch), token)
+        if seg.state != SegmentState.DELETE_SEGMENT_STARTED and not self._publish(
+            self._record(ref, SegmentState.DELETE_SEGMENT_STARTED, *common)
+        ):
+            return False
+        try:
+            self.ctx.copier.delete(ref)
+        except RemoteStoreError as exc:
+            self.ctx.metrics.delete_errors.labels(**self.labels).inc()
+            self._error(f"deleting {ref.key(self.ctx.prefix, 'log')} failed: {exc}")
+            return False
+        return self._publish(self._record(ref, SegmentState.DELETE_SEGMENT_FINISHED, *common))
+
+    # -- retention --------------------------------------------------------------------------
+    def _local_retention(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets,
+                         settings: RetentionSettings) -> None:  # fmt: skip
+        target = local_retention_target([s for s, _ in local], offsets, settings, self.ctx.now_ms())
+        if target is None:
+            return
+        with self.ctx.manager.lock:
+            p = self.ctx.manager.partition(self.topic_id, self.partition)
+            holder = p.segment_for_offset(target - 1) if p is not None else None
+        if holder is None:
+            raise TieringError(f"{self.topic}-{self.partition}: no finished copy holds offset {target - 1}")
+        ref = SegmentRef(self.topic, self.topic_id, self.partition, holder.base_offset,
+                         uuid.UUID(bytes=holder.segment_id))  # fmt: skip
+        self.ctx.copier.manifest(ref)  # the copy really is there (raises ObjectNotFound otherwise)
+        new_start = self.ctx.cluster.delete_records_before(self.topic, self.partition, target)
+        self.ctx.metrics.local_deleted_offsets.labels(**self.labels).inc(max(0, new_start - offsets.lx))
+        log.info("local retention advanced the log start offset", topic=self.topic, partition=self.partition,
+                 log_start_offset=new_start, remote_end_offset=offsets.ry)  # fmt: skip
+
+    def _remote_retention(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets,
+                          settings: RetentionSettings, epoch: int, token: int) -> None:  # fmt: skip
+        with self.ctx.manager.lock:
+            p = self.ctx.manager.partition(self.topic_id, self.partition)
+            finished = p.segments(frozenset({FINISHED})) if p is not None else []
+        if not finished:
+            return
+        infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, s.size, s.max_timestamp)
+                 for s in finished]  # fmt: skip
+        ry = offsets.ry if offsets.ry is not None else -1
+        local_only = sum(s.size for s, _ in local if s.base_offset > ry)
+        expired = remote_segments_to_expire(infos, settings, self.ctx.now_ms(), local_only_bytes=local_only,
+                                            log_start_offset=offsets.lx)  # fmt: skip
+        self.ctx.metrics.delete_lag_segments.labels(**self.labels).set(len(expired))
+        by_id = {s.segment_id.hex(): s for s in finished}
+        for info in expired:
+            if self.ctx.stopping.is_set() or not self.delete_copy(by_id[info.segment_id], epoch, token):
+                return
+
+    # -- sweeping ---------------------------------------------------------------------------
+    def _sweep(self, epoch: int, token: int, offsets: PartitionOffsets) -> None:
+        """Finish what crashed sidecars left: stale STARTED copies, unfinished deletions, orphans."""
+        timeout_ms = self.ctx.settings.copy_started_timeout_seconds * 1000
+        now = self.ctx.now_ms()
+        with self.ctx.manager.lock:
+            p = self.ctx.manager.partition(self.topic_id, self.partition)
+            pending = p.segments(frozenset({STARTED, DELETE_STARTED})) if p is not None else []
+            known = {s.segment_id for s in p.segments()} if p is not None else set()
+        for seg in pending:
+            if now - seg.event_time > timeout_ms or seg.state == DELETE_STARTED:
+                self.delete_copy(seg, epoch, token)
+        if offsets.ry is None:
+            return
+        prefix = SegmentRef(self.topic, self.topic_id, self.partition, 0, uuid.UUID(int=0)).partition_prefix(
+            self.ctx.prefix
+        )
+        orphans = []
+        for key in self.ctx.store.list_keys(prefix + "/"):
+            parsed = parse_key(key)
+            if parsed is not None and parsed[1].bytes not in known and parsed[0] <= offsets.ry:
+                orphans.append(key)
+        if orphans:
+            log.warning("deleting orphan objects", topic=self.topic, partition=self.partition, count=len(orphans))
+            self.ctx.store.delete(orphans)

@@ -1,0 +1,123 @@
+"""The sidecar's main loop: wake on segment rolls or every rescan interval, run each led partition's
+task (at most ``upload_max_concurrency`` at once), clean up deleted topics, publish status."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+
+from metadata.records import topic_id_str
+from tiering.formats import find_partition_dirs
+from tiering.logs import get_logger
+from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.janitor import delete_partitions_of_deleted_topics
+from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
+from tiering.sidecar.status import write_status
+from tiering.watch import SegmentWatcher
+
+log = get_logger(__name__)
+
+
+class Sidecar:
+    def __init__(self, ctx: SidecarContext) -> None:
+        self.ctx = ctx
+        self.tasks: dict[tuple[str, int], PartitionTask] = {}
+        self.watcher = SegmentWatcher(ctx.settings.log_dirs)
+        self.pool = ThreadPoolExecutor(max_workers=ctx.settings.upload_max_concurrency, thread_name_prefix="tier")
+        self.ticks = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self.ctx.manager.start()
+        if self.ctx.settings.metrics_port is not None:
+            self.ctx.metrics.serve(self.ctx.settings.metrics_port, self.ctx.settings.metrics_host)
+        self.watcher.start()
+        log.info("sidecar started", broker_id=self.ctx.broker_id, log_dirs=[str(d) for d in self.ctx.settings.log_dirs])
+
+    def run_forever(self) -> None:
+        """Run until SIGTERM/SIGINT (or ``stop``); then finish in-flight steps and exit cleanly."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self.start()
+        try:
+            while not self.ctx.stopping.is_set():
+                self.tick()
+                self.watcher.wait(self.ctx.settings.rescan_interval_seconds)
+        finally:
+            self.close()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping: finishing in-flight steps", signal=signal.Signals(signum).name)
+        self.stop()
+
+    def stop(self) -> None:
+        self.ctx.stopping.set()
+        self.watcher.wake()
+
+    def tick(self) -> None:
+        """One pass over every tiered partition this broker leads (errors are per partition)."""
+        self.ticks += 1
+        try:
+            self._tick()
+            self.last_error = None
+        except Exception as exc:  # Kafka or the store unreachable: report, retry next tick
+            self.last_error = str(exc)
+            log.error("tick failed", error=str(exc))
+        write_status(
+            self.ctx.settings.state_dir,
+            self.ctx.broker_id,
+            {f"{t.topic}-{t.partition}": vars(t.status) for t in self.tasks.values()},
+        )
+
+    def _tick(self) -> None:
+        ctx = self.ctx
+        with ctx.manager.lock:
+            topics = {topic_id_str(tid): entry for tid, entry in ctx.manager.state.topics.items()}
+            cluster_flags = (ctx.manager.state.cluster.upload_paused, ctx.manager.state.cluster.rolled_back)
+        existing = set(ctx.cluster.topic_names())
+        infos = ctx.cluster.topics({name for name, _ in topics.values()} & existing)
+        live_ids = {info.topic_id for info in infos.values()}
+        dirs = find_partition_dirs(ctx.settings.log_dirs)
+        led = []
+        for topic_id, (name, tiering) in topics.items():
+            info = infos.get(name)
+            if info is None or info.topic_id != topic_id:
+                continue
+            if info.compacted:
+                log.error("compacted topics cannot be tiered; skipping", topic=name)
+                continue
+            for p in info.partitions:
+                if p.leader == ctx.broker_id and (name, p.partition) in dirs:
+                    led.append((info, p.partition, dirs[(name, p.partition)], tiering))
+        offsets = ctx.cluster.local_offsets([(info.name, p) for info, p, _, _ in led])
+        futures = []
+        for info, partition, directory, tiering in led:
+            task = self.tasks.get((info.topic_id, partition))
+            if task is None:
+                task = self.tasks[(info.topic_id, partition)] = PartitionTask(ctx, info.name, info.topic_id, partition)
+            facts = PartitionFacts(
+                topic=info,
+                partition=partition,
+                partition_dir=directory,
+                offsets=offsets[(info.name, partition)],
+                tiering=tiering,
+                uploads_allowed=tiering.uploads_allowed and not any(cluster_flags),
+                local_deletion_allowed=tiering.enabled and not tiering.rolled_back and not cluster_flags[1],
+            )
+            futures.append(self.pool.submit(task.step, facts))
+        for future in futures:
+            future.result()
+        brokers = ctx.cluster.broker_ids()
+        if brokers and ctx.broker_id == min(brokers):
+            delete_partitions_of_deleted_topics(ctx, live_ids)
+
+    def close(self) -> None:
+        self.watcher.stop()
+        self.pool.shutdown(wait=True)
+        if self.ctx.leases is not None:
+            self.ctx.leases.close()
+        self.ctx.manager.close()
+        log.info("sidecar stopped")

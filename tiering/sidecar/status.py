@@ -1,0 +1,30 @@
+"""The sidecar's status file (``<state_dir>/status.json``): what ``tiering topic status`` shows
+besides Kafka's offsets and the metadata, namely copy lag and the last error per partition."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STATUS_FILE = "status.json"
+
+
+def write_status(state_dir: Path, broker_id: int, partitions: dict[str, dict[str, Any]]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / STATUS_FILE
+    tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(
+        json.dumps({"broker_id": broker_id, "updated_ms": int(time.time() * 1000), "partitions": partitions})
+    )
+    tmp.replace(path)
+
+
+def read_status(state_dir: Path) -> dict[str, Any]:
+    """The last status the sidecar wrote, or an empty one if it never ran here."""
+    try:
+        return dict(json.loads((state_dir / STATUS_FILE).read_text()))
+    except (FileNotFoundError, ValueError):
+        return {"partitions": {}}
