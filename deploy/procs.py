@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
@@ -71,26 +71,31 @@ def wait_ready(component: str, pid: int, probe: Callable[[], bool], log_file: Pa
     )
 
 
-def stop(pid: int | None, *, timeout: float = 20.0, kill: bool = False) -> None:
-    """Stop the process group of ``pid``: SIGTERM (or SIGKILL if ``kill``), then SIGKILL after ``timeout``.
+def stop_groups(pids: Iterable[int | None], *, timeout: float = 20.0, kill: bool = False) -> None:
+    """Stop the process groups of ``pids`` together: SIGTERM (SIGKILL if ``kill``) to all, then
+    SIGKILL to those still alive after ``timeout`` (one deadline for all).
 
-    Idempotent: a pid that is gone already is fine.
+    Idempotent: pids that are gone already (or None) are fine.
     """
-    if not pid or not alive(pid):
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    live = [pid for pid in pids if pid and alive(pid)]
+    _signal_groups(live, signal.SIGKILL if kill else signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while alive(pid) and time.monotonic() < deadline:
-        _reap(pid)
+    while (live := [pid for pid in live if _still_running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if alive(pid):
+    _signal_groups(live, signal.SIGKILL)
+    while live := [pid for pid in live if _still_running(pid)]:
+        time.sleep(0.05)
+
+
+def _signal_groups(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        while alive(pid):
-            _reap(pid)
-            time.sleep(0.05)
+            os.killpg(pid, sig)
+
+
+def _still_running(pid: int) -> bool:
     _reap(pid)
+    return alive(pid)
 
 
 def _reap(pid: int) -> None:

@@ -18,8 +18,7 @@ from pydantic import BaseModel
 
 from deploy import etcd, kafka, minio
 from deploy.errors import StackError
-from deploy.procs import alive, free_port, wait_ready
-from deploy.procs import stop as stop_pid
+from deploy.procs import alive, free_port, stop_groups, wait_ready
 
 ENDPOINTS = "endpoints.json"
 
@@ -121,8 +120,7 @@ def start(stack_dir: Path, brokers: int = 1) -> Endpoints:
     try:
         endpoints = _start_all(stack_dir, brokers, cluster_id, started)
     except BaseException:
-        for pid in started:
-            stop_pid(pid, kill=True)
+        stop_groups(started, kill=True)
         raise
     endpoints.save()
     return endpoints
@@ -229,10 +227,8 @@ def stop(stack_dir: Path) -> None:
     if not path.exists():
         return
     endpoints = Endpoints.load(path)
-    for b in endpoints.brokers:
-        stop_pid(b.pid, timeout=30)
-    stop_pid(endpoints.s3.pid)
-    stop_pid(endpoints.etcd.pid)
+    stop_groups([b.pid for b in endpoints.brokers], timeout=30)
+    stop_groups([endpoints.s3.pid, endpoints.etcd.pid])
 
 
 def status(stack_dir: Path) -> dict[str, object]:
@@ -247,7 +243,7 @@ def status(stack_dir: Path) -> dict[str, object]:
 
 def kill_broker(endpoints: Endpoints, broker_id: int, *, hard: bool = True) -> None:
     """Stop one broker: SIGKILL when ``hard`` (a crash), SIGTERM otherwise (a controlled shutdown)."""
-    stop_pid(endpoints.broker(broker_id).pid, kill=hard, timeout=60)
+    stop_groups([endpoints.broker(broker_id).pid], kill=hard, timeout=60)
 
 
 def restart_broker(endpoints: Endpoints, broker_id: int) -> Endpoints:
