@@ -22,5 +22,8 @@ export PATH="$PATH:/usr/local/go/bin"
 echo "setup: installing the Python package and test extras"
 python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v -E "^WARNING: Running pip as the 'root' user|^\[notice\]" || true
 
-echo "setup: fetching Kafka jars and building MinIO (first time only)"
+# pyenv's pip hook does not rehash for `python3 -m pip`: make the new `tiering` script visible.
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
+
+echo "setup: fetching Kafka jars and building MinIO (first time only; minutes)"
 tiering dev fetch
