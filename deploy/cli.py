@@ -41,7 +41,11 @@ def dev() -> None:
 @_dir_option
 @click.option("--brokers", type=click.IntRange(1, 5), default=1, show_default=True, help="Kafka nodes to run.")
 def up(stack_dir: Path, brokers: int) -> None:
-    """Start the stack (idempotent: prints the running stack's endpoints if it is up)."""
+    """Start the stack, or start a stopped one again on its data.
+
+    Idempotent: on a running stack it prints the same endpoints. The broker count of an existing
+    stack directory cannot change (use another --dir).
+    """
     try:
         endpoints = stack.start(stack_dir, brokers=brokers)
     except StackError as exc:
