@@ -11,6 +11,7 @@ key vanished, ``is_held`` turns false at once and the sidecar must stop uploadin
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import etcd3gw
@@ -43,6 +44,7 @@ class EtcdLeases:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
+        self._confirmed = 0.0  # monotonic time the lease was last granted or refreshed
 
     def key(self, topic_id: str, partition: int) -> str:
         return f"{self.prefix}/leases/{topic_id}/{partition}"
@@ -50,7 +52,9 @@ class EtcdLeases:
     def _ensure_lease(self) -> Lease:
         if self._lease is None:
             try:
+                sent = time.monotonic()  # the TTL runs from etcd's answer, later than this: conservative
                 self._lease = self.client.lease(self.ttl)
+                self._confirmed = sent
             except Exception as exc:
                 raise LeaseError(f"etcd: cannot grant a lease: {exc}") from exc
             self._keeper = threading.Thread(target=self._keepalive, name="etcd-lease-keepalive", daemon=True)
@@ -81,8 +85,13 @@ class EtcdLeases:
             return token
 
     def is_held(self, topic_id: str, partition: int) -> bool:
+        """Whether this sidecar may still upload the partition: call it before each upload step.
+
+        False as soon as the keepalive noticed a loss, and also once ``ttl`` seconds passed since
+        the lease was last confirmed (etcd may have expired it even if the keepalive is stuck).
+        """
         with self._lock:
-            return (topic_id, partition) in self._held
+            return (topic_id, partition) in self._held and time.monotonic() - self._confirmed < self.ttl
 
     def release(self, topic_id: str, partition: int) -> None:
         """Give the partition up (idempotent)."""
@@ -108,6 +117,7 @@ class EtcdLeases:
         while not self._stop.wait(self.ttl / 3):
             if lease is None or lease is not self._lease:
                 return
+            sent = time.monotonic()
             try:
                 ttl = lease.refresh()
             except Exception as exc:
@@ -116,6 +126,7 @@ class EtcdLeases:
             if ttl <= 0:
                 self._lose_all("lease expired")
                 return
+            self._confirmed = sent
             self._check_keys(lease)
 
     def _check_keys(self, lease: Lease) -> None:

@@ -13,9 +13,11 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
-from metadata.partition import PartitionSegments
+from metadata.partition import RemotePartitionState, RemoteSegment
 from metadata.records import MetadataRecord, RecordDecodeError, UnknownVersion
 from metadata.snapshot import (
     SnapshotCorrupt,
@@ -25,8 +27,9 @@ from metadata.snapshot import (
     prune,
     write_snapshot,
 )
-from metadata.state import ACCEPTED, ApplyResult, MetadataState
+from metadata.state import ACCEPTED, ApplyResult, ClusterTiering, MetadataState
 from metadata.wal import MetadataWal, WalError
+from segment_fsm import SegmentState, TopicTiering
 from tiering.logs import get_logger
 
 log = get_logger(__name__)
@@ -34,6 +37,13 @@ _RECENT = 65536  # rejections kept for publishers waiting on their own records
 
 
 class MetadataManager:
+    """The sidecar's view of tiering metadata. Call ``start()`` once, then publish and query from any
+    thread; queries return copies taken under ``lock``. ``close()`` stops following (idempotent).
+
+    Snapshots are written by the follower thread (holding ``lock`` while the state is serialized,
+    about 0.25 s at a million segments) and copied to ``remote`` when given.
+    """
+
     def __init__(
         self, wal: MetadataWal, snapshot_dir: Path, *, remote: SnapshotStore | None = None,
         remote_prefix: str = "metadata-snapshots", snapshot_every_records: int = 100_000,
@@ -51,6 +61,7 @@ class MetadataManager:
         self.lock = threading.RLock()
         self._applied = threading.Condition(self.lock)
         self._rejections: OrderedDict[tuple[int, int], ApplyResult] = OrderedDict()
+        self._forgotten: dict[int, int] = {}  # per WAL partition, the newest offset evicted from _rejections
         self._since_snapshot = 0
         self._last_snapshot = time.monotonic()
         self._stop = threading.Event()
@@ -124,7 +135,8 @@ class MetadataManager:
                     result = ApplyResult(False, f"undecodable record: {exc}")
                 rejections[(m.partition(), m.offset())] = result
             while len(rejections) > _RECENT:
-                rejections.popitem(last=False)
+                (part, offset), _ = rejections.popitem(last=False)
+                self._forgotten[part] = offset
             for m in batch:  # per partition the last message wins: offsets only grow
                 self.next_offsets[m.partition()] = m.offset() + 1
             self._since_snapshot += len(batch)
@@ -134,7 +146,10 @@ class MetadataManager:
     def publish(self, record: MetadataRecord, timeout: float = 60.0) -> ApplyResult:
         """Write ``record`` durably, wait until it is applied here, return accept/reject.
 
-        Raises WalError if the write fails or the record is not applied within ``timeout``.
+        Not idempotent by itself: publishing the same transition twice writes two records, and the
+        second is accepted as a self-transition (a retry), so retrying after a WalError is safe.
+        Raises WalError if the write fails (nothing was written, or the outcome is unknown: retry) or
+        the record is not applied within ``timeout`` (it may still be applied later).
         """
         part, offset = self.wal.append(record)
         deadline = time.monotonic() + timeout
@@ -146,12 +161,46 @@ class MetadataManager:
                 if remaining <= 0:
                     raise WalError(f"record at {self.wal.topic}[{part}]@{offset} not applied within {timeout:.0f}s")
                 self._applied.wait(remaining)
-            return self._rejections.get((part, offset), ACCEPTED)
+            result = self._rejections.get((part, offset))
+            if result is None and offset <= self._forgotten.get(part, -1):
+                raise WalError(
+                    f"record at {self.wal.topic}[{part}]@{offset} was applied but its outcome is no longer "
+                    "known (the follower ran far ahead): query the state"
+                )
+            return ACCEPTED if result is None else result
 
     # -- queries -----------------------------------------------------------------------------
-    def partition(self, topic_id: str, partition: int) -> PartitionSegments | None:
-        """The partition's segments. Hold ``manager.lock`` while reading it from another thread."""
-        return self.state.partition(topic_id, partition)
+    def partition_state(self, topic_id: str, partition: int) -> RemotePartitionState | None:
+        """Rx, Ry, remote size, segment counts, fence and deletion state; None for an unknown partition."""
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            return None if p is None else p.summary()
+
+    def segment_for_offset(self, topic_id: str, partition: int, offset: int) -> RemoteSegment | None:
+        """The COPY_SEGMENT_FINISHED copy holding ``offset`` (the highest leader epoch's where copies
+        overlap), or None if no finished copy holds it."""
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            return None if p is None else p.segment_for_offset(offset)
+
+    def segments(
+        self, topic_id: str, partition: int, states: Iterable[SegmentState] | None = None
+    ) -> list[RemoteSegment]:
+        """The partition's segment copies in base-offset order, optionally only those in ``states``."""
+        wanted = None if states is None else frozenset(int(s) for s in states)
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            return [] if p is None else p.segments(wanted)
+
+    def topic_state(self, topic: str) -> tuple[str, TopicTiering] | None:
+        """(topic id, tiering state) of the topic with this name (the newest if it was re-created)."""
+        with self.lock:
+            return self.state.topic(topic)
+
+    def cluster_state(self) -> ClusterTiering:
+        """Cluster-wide switches (upload pause, rollback), as a copy."""
+        with self.lock:
+            return replace(self.state.cluster)
 
     # -- snapshots ---------------------------------------------------------------------------
     def _maybe_snapshot(self) -> None:

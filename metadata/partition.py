@@ -1,8 +1,8 @@
 """One user partition's remote segments, stored column by column.
 
 A million segments as Python objects would take well over 500 bytes each; here a segment costs its
-columns: a 16-byte id, five int64, one int32, one state byte and its int64 slot in ``order``, about
-70 bytes. Rows are append-only; ``order`` lists rows by base offset, so a segment is found by
+columns: a 16-byte id, six int64, one int32, one state byte and its int64 slot in ``order``, about
+80 bytes. Rows are append-only; ``order`` lists rows by base offset, so a segment is found by
 bisecting on the base offset every record carries and comparing ids (no per-segment dict: loading a
 snapshot is a handful of ``frombytes`` calls). Rows of finished deletions are dropped by ``compact``.
 """
@@ -19,7 +19,7 @@ STARTED = int(SegmentState.COPY_SEGMENT_STARTED)
 FINISHED = int(SegmentState.COPY_SEGMENT_FINISHED)
 DELETE_STARTED = int(SegmentState.DELETE_SEGMENT_STARTED)
 DELETE_FINISHED = int(SegmentState.DELETE_SEGMENT_FINISHED)
-COLUMNS_Q = ("base", "end", "max_ts", "size", "event_time")
+COLUMNS_Q = ("base", "end", "first_ts", "max_ts", "size", "event_time")
 
 
 class RemoteSegment(NamedTuple):
@@ -29,15 +29,29 @@ class RemoteSegment(NamedTuple):
     state: SegmentState
     base_offset: int
     end_offset: int
+    first_timestamp: int
     max_timestamp: int
     size: int
     leader_epoch: int
     event_time: int
 
 
+class RemotePartitionState(NamedTuple):
+    """A partition's remote log at one moment. Offsets are inclusive; the bounds are None while no
+    copy has finished. ``remote_size`` counts finished copies only (Kafka's RemoteLogSizeBytes)."""
+
+    topic: str
+    remote_start_offset: int | None
+    remote_end_offset: int | None
+    remote_size: int
+    segment_counts: dict[str, int]
+    fence: Fence
+    delete_state: PartitionDeleteState | None
+
+
 class PartitionSegments:
     __slots__ = (
-        "base", "delete_state", "end", "epoch", "event_time", "fence", "ids", "max_span", "max_ts",
+        "base", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids", "max_span", "max_ts",
         "order", "size", "state", "topic",
     )  # fmt: skip
 
@@ -46,6 +60,7 @@ class PartitionSegments:
         self.ids = bytearray()
         self.base = array("q")
         self.end = array("q")
+        self.first_ts = array("q")
         self.max_ts = array("q")
         self.size = array("q")
         self.event_time = array("q")
@@ -81,13 +96,14 @@ class PartitionSegments:
         return None if row is None else self.state[row]
 
     def add(self, segment_id: bytes, state: int, epoch: int, event_time: int, base: int, end: int,
-            max_ts: int, size: int) -> None:  # fmt: skip
+            first_ts: int, max_ts: int, size: int) -> None:  # fmt: skip
         row = len(self.state)
         self.ids += segment_id
         self.state.append(state)
         self.epoch.append(epoch)
         self.base.append(base)
         self.end.append(end)
+        self.first_ts.append(first_ts)
         self.max_ts.append(max_ts)
         self.size.append(size)
         self.event_time.append(event_time)
@@ -105,7 +121,7 @@ class PartitionSegments:
     def segment(self, row: int) -> RemoteSegment:
         return RemoteSegment(
             bytes(self.ids[row * 16 : row * 16 + 16]), SegmentState(self.state[row]), self.base[row],
-            self.end[row], self.max_ts[row], self.size[row], self.epoch[row], self.event_time[row],
+            self.end[row], self.first_ts[row], self.max_ts[row], self.size[row], self.epoch[row], self.event_time[row],
         )  # fmt: skip
 
     def segments(self, states: frozenset[int] | None = None) -> list[RemoteSegment]:
@@ -135,6 +151,13 @@ class PartitionSegments:
             out[SegmentState(value).name] += 1
         return out
 
+    def summary(self) -> RemotePartitionState:
+        """Rx, Ry, remote size and counts: one pass over the partition's segments."""
+        rx, ry = self.remote_bounds()
+        return RemotePartitionState(
+            self.topic, rx, ry, self.remote_size(), self.counts(), self.fence, self.delete_state
+        )
+
     def segment_for_offset(self, offset: int) -> RemoteSegment | None:
         """The finished copy holding ``offset``; where copies of two leader epochs overlap, the one
         written with the higher leader epoch (then the later one) wins. None if no copy holds it."""
@@ -159,7 +182,7 @@ class PartitionSegments:
         fresh = PartitionSegments(self.topic)
         for r in sorted(keep, key=self.base.__getitem__):
             fresh.add(bytes(self.ids[r * 16 : r * 16 + 16]), self.state[r], self.epoch[r], self.event_time[r],
-                      self.base[r], self.end[r], self.max_ts[r], self.size[r])  # fmt: skip
+                      self.base[r], self.end[r], self.first_ts[r], self.max_ts[r], self.size[r])  # fmt: skip
         for name in self.__slots__:
             if name not in ("fence", "delete_state", "topic"):
                 setattr(self, name, getattr(fresh, name))

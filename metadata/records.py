@@ -3,7 +3,8 @@
 Each record is a pydantic model (validated when built by a writer) with a compact binary encoding
 (decoded without re-validation on replay, which must run at well over 100k records/s):
 
-    magic 0xA7 | version u8 | type u8 | fixed fields (big-endian struct) | topic name (u16 + UTF-8) | extras
+    magic 0xA7 | version u8 | type u8 | broker id i32 | leader epoch i32 | fencing token i64 | event time i64
+    | the type's fixed fields (big-endian struct) | topic name (u16 + UTF-8) | extras
 
 Version 1 is the only one. A reader skips and counts a record of a newer version (written by a newer
 sidecar) and reports a record it cannot parse as garbage; neither stops replay.
@@ -16,7 +17,7 @@ import struct
 import uuid
 from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from segment_fsm import PartitionDeleteState, SegmentState, TopicAction
 from tiering.errors import TieringError
@@ -25,9 +26,9 @@ VERSION = 1
 MAGIC = 0xA7
 _HEAD = struct.Struct(">BBB")
 _U16 = struct.Struct(">H")
-_EPOCH = struct.Struct(">iq")
+EPOCH_ENTRY = struct.Struct(">iq")  # a leader-epoch entry: (epoch, start offset)
 
-Offset = Annotated[int, Field(ge=-1)]
+TopicName = Annotated[str, Field(min_length=1, max_length=249)]  # Kafka's limit on topic names
 
 
 class RecordDecodeError(TieringError):
@@ -50,13 +51,135 @@ def topic_id_str(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def _check_topic_id(value: str) -> str:
+    topic_id_bytes(value)
+    return value
+
+
+TopicId = Annotated[str, AfterValidator(_check_topic_id)]  # Kafka's Uuid in its base64 form
+
+
 class _Record(BaseModel):
+    """What every record carries: who wrote it, under which leader epoch and lease token, and when.
+
+    ``fencing_token`` is the create revision of the writer's etcd lease key (0 without etcd);
+    operator records (topic and cluster actions) carry broker id and leader epoch -1.
+    """
+
     model_config = ConfigDict(frozen=True)
     TYPE: ClassVar[int]
-    FIXED: ClassVar[struct.Struct]
+    FIXED: ClassVar[struct.Struct]  # starts with the common fields: broker id, leader epoch, token, time
+
+    broker_id: int = -1
+    leader_epoch: int = -1
+    fencing_token: int = Field(default=0, ge=0)
+    event_time: int
+
+    def raw(self) -> tuple:
+        """The record's fields in ``parse`` order (ids as raw bytes, enums as ints)."""
+        raise NotImplementedError
+
+    def _common(self) -> tuple[int, int, int, int]:
+        return self.broker_id, self.leader_epoch, self.fencing_token, self.event_time
 
     def encode(self) -> bytes:
-        raise NotImplementedError
+        return unparse(self.TYPE, self.raw())
+
+
+class SegmentRecord(_Record):
+    """A segment copy's transition to ``state``, written by the partition leader's sidecar.
+
+    ``end_offset`` is inclusive; ``first_timestamp`` / ``max_timestamp`` are the lowest batch base
+    timestamp and the highest max timestamp in the segment; ``leader_epochs`` are the (epoch, start
+    offset) entries of Kafka's leader-epoch cache that cover the segment; ``segment_id`` is new for
+    every copy attempt. With topic name, topic id and partition, (base offset, segment id) names the
+    segment's objects in the remote store.
+    """
+
+    TYPE: ClassVar[int] = 1
+    FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqq16si16sBqqqqq")
+
+    broker_id: int
+    leader_epoch: int
+    topic: TopicName
+    topic_id: TopicId
+    partition: int = Field(ge=0)
+    segment_id: uuid.UUID
+    state: SegmentState
+    base_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+    first_timestamp: int = -1
+    max_timestamp: int = -1
+    size: int = Field(ge=0)
+    leader_epochs: tuple[tuple[int, int], ...] = ()
+
+    @model_validator(mode="after")
+    def _offsets_in_order(self) -> SegmentRecord:
+        if self.end_offset < self.base_offset:
+            raise ValueError(f"end_offset {self.end_offset} is below base_offset {self.base_offset}")
+        return self
+
+    def raw(self) -> tuple:
+        return (
+            *self._common(), topic_id_bytes(self.topic_id), self.partition, self.segment_id.bytes, self.state,
+            self.base_offset, self.end_offset, self.first_timestamp, self.max_timestamp, self.size, self.topic,
+            b"".join(EPOCH_ENTRY.pack(e, o) for e, o in self.leader_epochs),
+        )  # fmt: skip
+
+
+class PartitionDeleteRecord(_Record):
+    """A deleted topic's partition moving through DELETE_PARTITION_MARKED / STARTED / FINISHED."""
+
+    TYPE: ClassVar[int] = 2
+    FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqq16siB")
+
+    broker_id: int
+    leader_epoch: int
+    topic: TopicName
+    topic_id: TopicId
+    partition: int = Field(ge=0)
+    state: PartitionDeleteState
+
+    def raw(self) -> tuple:
+        return (*self._common(), topic_id_bytes(self.topic_id), self.partition, self.state, self.topic)
+
+
+class TopicRecord(_Record):
+    """An operator's action on a topic's tiering (``tiering topic enable|pause-upload|...``)."""
+
+    TYPE: ClassVar[int] = 3
+    FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqq16sBqq")
+
+    topic: TopicName
+    topic_id: TopicId
+    action: TopicAction
+    local_retention_ms: int = Field(default=-2, ge=-2)
+    local_retention_bytes: int = Field(default=-2, ge=-2)
+
+    def raw(self) -> tuple:
+        return (
+            *self._common(), topic_id_bytes(self.topic_id), self.action, self.local_retention_ms,
+            self.local_retention_bytes, self.topic,
+        )  # fmt: skip
+
+
+class ClusterRecord(_Record):
+    """An operator's action on the whole cluster: PAUSE_UPLOAD, RESUME_UPLOAD, ROLLBACK or ENABLE."""
+
+    TYPE: ClassVar[int] = 4
+    FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqqB")
+
+    action: TopicAction
+
+    def raw(self) -> tuple:
+        return (*self._common(), self.action)
+
+
+MetadataRecord = SegmentRecord | PartitionDeleteRecord | TopicRecord | ClusterRecord
+_TYPES: dict[int, type[_Record]] = {
+    c.TYPE: c for c in (SegmentRecord, PartitionDeleteRecord, TopicRecord, ClusterRecord)
+}
+_NFIXED = {kind: len(cls.FIXED.unpack(bytes(cls.FIXED.size))) for kind, cls in _TYPES.items()}
 
 
 def _name_bytes(name: str) -> bytes:
@@ -64,107 +187,25 @@ def _name_bytes(name: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-class SegmentRecord(_Record):
-    """A segment copy's transition to ``state``, written by the partition leader's sidecar.
+def unparse(kind: int, fields: tuple) -> bytes:
+    """One WAL payload from raw fields in ``parse`` order: the inverse of ``parse``.
 
-    ``end_offset`` is inclusive; ``leader_epochs`` are the (epoch, start offset) entries of Kafka's
-    leader-epoch cache that cover the segment; ``segment_id`` is new for every copy attempt.
+    Bulk writers (benchmarks, tools) use it to skip building models; it does not validate.
     """
-
-    TYPE: ClassVar[int] = 1
-    FIXED: ClassVar[struct.Struct] = struct.Struct(">16si16sBiiqqqqqq")
-
-    topic: str
-    topic_id: str
-    partition: int = Field(ge=0)
-    segment_id: uuid.UUID
-    state: SegmentState
-    broker_id: int
-    leader_epoch: int
-    fencing_token: int = 0
-    event_time: int
-    base_offset: int = Field(ge=0)
-    end_offset: int = Field(ge=0)
-    max_timestamp: int = -1
-    size: int = Field(ge=0)
-    leader_epochs: tuple[tuple[int, int], ...] = ()
-
-    def encode(self) -> bytes:
-        fixed = self.FIXED.pack(
-            topic_id_bytes(self.topic_id), self.partition, self.segment_id.bytes, self.state, self.broker_id,
-            self.leader_epoch, self.fencing_token, self.event_time, self.base_offset, self.end_offset,
-            self.max_timestamp, self.size,
-        )  # fmt: skip
-        epochs = _U16.pack(len(self.leader_epochs)) + b"".join(_EPOCH.pack(e, o) for e, o in self.leader_epochs)
-        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic) + epochs
+    cls = _TYPES[kind]
+    n = _NFIXED[kind]
+    out = _HEAD.pack(MAGIC, VERSION, kind) + cls.FIXED.pack(*fields[:n])
+    if kind == ClusterRecord.TYPE:
+        return out
+    out += _name_bytes(fields[n])
+    if kind == SegmentRecord.TYPE:
+        epochs = fields[n + 1]
+        out += _U16.pack(len(epochs) // EPOCH_ENTRY.size) + epochs
+    return out
 
 
-class PartitionDeleteRecord(_Record):
-    """A deleted topic's partition moving through DELETE_PARTITION_MARKED / STARTED / FINISHED."""
-
-    TYPE: ClassVar[int] = 2
-    FIXED: ClassVar[struct.Struct] = struct.Struct(">16siBiiqq")
-
-    topic: str
-    topic_id: str
-    partition: int = Field(ge=0)
-    state: PartitionDeleteState
-    broker_id: int
-    leader_epoch: int
-    fencing_token: int = 0
-    event_time: int
-
-    def encode(self) -> bytes:
-        fixed = self.FIXED.pack(
-            topic_id_bytes(self.topic_id), self.partition, self.state, self.broker_id, self.leader_epoch,
-            self.fencing_token, self.event_time,
-        )  # fmt: skip
-        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic)
-
-
-class TopicRecord(_Record):
-    """An operator's action on a topic's tiering (``tiering topic enable|pause-upload|...``)."""
-
-    TYPE: ClassVar[int] = 3
-    FIXED: ClassVar[struct.Struct] = struct.Struct(">16sBqqiq")
-
-    topic: str
-    topic_id: str
-    action: TopicAction
-    local_retention_ms: int = Field(default=-2, ge=-2)
-    local_retention_bytes: int = Field(default=-2, ge=-2)
-    broker_id: int = -1
-    event_time: int
-
-    def encode(self) -> bytes:
-        fixed = self.FIXED.pack(
-            topic_id_bytes(self.topic_id), self.action, self.local_retention_ms, self.local_retention_bytes,
-            self.broker_id, self.event_time,
-        )  # fmt: skip
-        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + fixed + _name_bytes(self.topic)
-
-
-class ClusterRecord(_Record):
-    """An operator's action on the whole cluster: PAUSE_UPLOAD, RESUME_UPLOAD or ROLLBACK."""
-
-    TYPE: ClassVar[int] = 4
-    FIXED: ClassVar[struct.Struct] = struct.Struct(">Bq")
-
-    action: TopicAction
-    event_time: int
-
-    def encode(self) -> bytes:
-        return _HEAD.pack(MAGIC, VERSION, self.TYPE) + self.FIXED.pack(self.action, self.event_time)
-
-
-MetadataRecord = SegmentRecord | PartitionDeleteRecord | TopicRecord | ClusterRecord
-_TYPES: dict[int, type[_Record]] = {
-    c.TYPE: c for c in (SegmentRecord, PartitionDeleteRecord, TopicRecord, ClusterRecord)
-}
-
-
-_SEGMENT_HEAD = _HEAD.pack(MAGIC, VERSION, 1)
-_SEGMENT_FIXED = struct.Struct(">16si16sBiiqqqqqqH")  # SegmentRecord.FIXED + the topic name length
+_SEGMENT_HEAD = _HEAD.pack(MAGIC, VERSION, SegmentRecord.TYPE)
+_SEGMENT_FIXED = struct.Struct(SegmentRecord.FIXED.format + "H")  # the fixed fields + the topic name length
 
 
 def parse(data: bytes) -> tuple[int, tuple]:
@@ -177,14 +218,14 @@ def parse(data: bytes) -> tuple[int, tuple]:
     if data[:3] == _SEGMENT_HEAD:  # the common case, in one unpack
         try:
             f = _SEGMENT_FIXED.unpack_from(data, 3)
-            pos = 3 + _SEGMENT_FIXED.size + f[12]
-            topic = data[pos - f[12] : pos].decode()
+            pos = 3 + _SEGMENT_FIXED.size + f[-1]
+            topic = data[pos - f[-1] : pos].decode()
             (count,) = _U16.unpack_from(data, pos)
         except (struct.error, UnicodeDecodeError) as exc:
             raise RecordDecodeError(f"malformed SegmentRecord: {exc}") from exc
-        if pos + 2 + count * 12 != len(data):
+        if pos + 2 + count * EPOCH_ENTRY.size != len(data):
             raise RecordDecodeError("malformed SegmentRecord: leader epochs do not fill the record")
-        return 1, (*f[:12], topic, data[pos + 2 :])
+        return SegmentRecord.TYPE, (*f[:-1], topic, data[pos + 2 :])
     try:
         magic, version, kind = _HEAD.unpack_from(data, 0)
     except struct.error as exc:
@@ -215,24 +256,23 @@ def parse(data: bytes) -> tuple[int, tuple]:
 def decode(data: bytes) -> MetadataRecord:
     """Decode one WAL payload into its model (for tools and tests; replay uses ``parse``)."""
     kind, f = parse(data)
+    common = {"broker_id": f[0], "leader_epoch": f[1], "fencing_token": f[2], "event_time": f[3]}
     try:
         if kind == SegmentRecord.TYPE:
             return SegmentRecord(
-                topic=f[12], topic_id=topic_id_str(f[0]), partition=f[1], segment_id=uuid.UUID(bytes=f[2]),
-                state=SegmentState(f[3]), broker_id=f[4], leader_epoch=f[5], fencing_token=f[6],
-                event_time=f[7], base_offset=f[8], end_offset=f[9], max_timestamp=f[10], size=f[11],
-                leader_epochs=tuple(_EPOCH.iter_unpack(f[13])),
+                **common, topic_id=topic_id_str(f[4]), partition=f[5], segment_id=uuid.UUID(bytes=f[6]),
+                state=SegmentState(f[7]), base_offset=f[8], end_offset=f[9], first_timestamp=f[10],
+                max_timestamp=f[11], size=f[12], topic=f[13], leader_epochs=tuple(EPOCH_ENTRY.iter_unpack(f[14])),
             )  # fmt: skip
         if kind == PartitionDeleteRecord.TYPE:
             return PartitionDeleteRecord(
-                topic=f[7], topic_id=topic_id_str(f[0]), partition=f[1], state=PartitionDeleteState(f[2]),
-                broker_id=f[3], leader_epoch=f[4], fencing_token=f[5], event_time=f[6],
-            )  # fmt: skip
+                **common, topic_id=topic_id_str(f[4]), partition=f[5], state=PartitionDeleteState(f[6]), topic=f[7]
+            )
         if kind == TopicRecord.TYPE:
             return TopicRecord(
-                topic=f[6], topic_id=topic_id_str(f[0]), action=TopicAction(f[1]), local_retention_ms=f[2],
-                local_retention_bytes=f[3], broker_id=f[4], event_time=f[5],
+                **common, topic_id=topic_id_str(f[4]), action=TopicAction(f[5]), local_retention_ms=f[6],
+                local_retention_bytes=f[7], topic=f[8],
             )  # fmt: skip
-        return ClusterRecord(action=TopicAction(f[0]), event_time=f[1])
+        return ClusterRecord(**common, action=TopicAction(f[4]))
     except ValueError as exc:  # pydantic's ValidationError and bad enum ids are ValueErrors
         raise RecordDecodeError(f"invalid record fields: {exc}") from exc

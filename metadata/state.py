@@ -110,7 +110,7 @@ class MetadataState:
         return p
 
     def _apply_segment(self, f: tuple) -> ApplyResult:
-        tid, partition, sid, state, broker, epoch, token, event_time, base, end, max_ts, size, topic, _ = f
+        broker, epoch, token, event_time, tid, partition, sid, state, base, end, first_ts, max_ts, size, topic, _ = f
         p = self._partition(tid, partition, topic)
         fence = p.fence
         if epoch < fence.leader_epoch or token < fence.token:
@@ -124,7 +124,7 @@ class MetadataState:
         if row is None:
             if end < base:
                 return ApplyResult(False, f"segment end offset {end} is below its base offset {base}")
-            p.add(sid, state, epoch, event_time, base, end, max_ts, size)
+            p.add(sid, state, epoch, event_time, base, end, first_ts, max_ts, size)
         else:
             p.update(row, state, event_time)
         if epoch > fence.leader_epoch or token > fence.token:
@@ -134,7 +134,7 @@ class MetadataState:
         return ACCEPTED
 
     def _apply_partition_delete(self, f: tuple) -> ApplyResult:
-        tid, partition, state, broker, epoch, token, _time, topic = f
+        broker, epoch, token, _time, tid, partition, state, topic = f
         p = self._partition(tid, partition, topic)
         new = PartitionDeleteState(state)
         reason = fence_rejection(p.fence, Fence(epoch, token), broker) or partition_delete_rejection(
@@ -147,7 +147,7 @@ class MetadataState:
         return ACCEPTED
 
     def _apply_topic(self, f: tuple) -> ApplyResult:
-        tid, action, local_ms, local_bytes, _broker, _time, topic = f
+        *_, tid, action, local_ms, local_bytes, topic = f
         current = self.topics.get(tid)
         new, reason = apply_topic_action(current[1] if current else None, TopicAction(action), local_ms, local_bytes)
         if reason:
@@ -157,7 +157,7 @@ class MetadataState:
         return ACCEPTED
 
     def _apply_cluster(self, f: tuple) -> ApplyResult:
-        action = TopicAction(f[0])
+        action = TopicAction(f[4])
         c = self.cluster
         if action is TopicAction.PAUSE_UPLOAD:
             c.upload_paused = True

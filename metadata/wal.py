@@ -15,7 +15,7 @@ from typing import Any
 
 import crc32c
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from metadata.records import (
     ClusterRecord,
@@ -48,17 +48,23 @@ class MetadataWal:
         self.timeout = timeout
         self.client_config = dict(client_config or {})
         self._producer: Producer | None = None
+        self._admin_client: AdminClient | None = None
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
 
     # -- topic -------------------------------------------------------------------------------
+    def _admin(self) -> AdminClient:
+        if self._admin_client is None:
+            self._admin_client = AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config})
+        return self._admin_client
+
     def ensure_topic(self) -> int:
         """Create the WAL topic if it does not exist; return its partition count (idempotent)."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config})
+        admin = self._admin()
         metadata = admin.list_topics(timeout=self.timeout)
         existing = metadata.topics.get(self.topic)
         if existing is not None and existing.error is None:
-            self.partitions = len(existing.partitions)
+            self.partitions = self._wait_ready()
             return self.partitions
         replication = min(3, len(metadata.brokers))
         topic = NewTopic(
@@ -78,15 +84,32 @@ class MetadataWal:
         except Exception as exc:  # the topic may have been created concurrently by another sidecar
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise WalError(f"creating metadata topic {self.topic}: {exc}") from exc
+        self.partitions = self._wait_ready()
         log.info("metadata topic ready", topic=self.topic, partitions=self.partitions, replication=replication)
         return self.partitions
 
+    def _wait_ready(self) -> int:
+        """Wait until every partition of the topic has a leader; return the partition count."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            found = self._admin().list_topics(topic=self.topic, timeout=self.timeout).topics.get(self.topic)
+            leaders = [p.leader for p in found.partitions.values()] if found and found.error is None else []
+            if leaders and min(leaders) >= 0:
+                return len(leaders)
+            if time.monotonic() > deadline:
+                raise WalError(f"metadata topic {self.topic} has partitions without a leader after {self.timeout:.0f}s")
+            time.sleep(0.1)
+
     def partition_for(self, record: MetadataRecord) -> int:
+        """The WAL partition of ``record``: by topic id + partition, by topic id, or 0 (cluster)."""
         if isinstance(record, ClusterRecord):
             return 0
-        key = topic_id_bytes(record.topic_id)
-        if isinstance(record, SegmentRecord | PartitionDeleteRecord):
-            key += record.partition.to_bytes(4, "big")
+        user_partition = record.partition if isinstance(record, SegmentRecord | PartitionDeleteRecord) else None
+        return self.partition_of(topic_id_bytes(record.topic_id), user_partition)
+
+    def partition_of(self, topic_id: bytes, partition: int | None) -> int:
+        """The WAL partition of a user partition's records (``partition`` None: of the topic's records)."""
+        key = topic_id if partition is None else topic_id + partition.to_bytes(4, "big")
         return crc32c.crc32c(key) % self.partitions
 
     # -- writing -----------------------------------------------------------------------------
@@ -148,22 +171,17 @@ class MetadataWal:
 
     # -- reading -----------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
-        """The next offset to be written in each WAL partition (high watermarks)."""
-        consumer = self._consumer()
+        """The next offset to be written in each WAL partition (high watermarks), in one request."""
         deadline = time.monotonic() + self.timeout
-        try:
-            ends: dict[int, int] = {}
-            for p in range(self.partitions):
-                while p not in ends:
-                    try:
-                        ends[p] = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout)[1]
-                    except KafkaException as exc:
-                        if time.monotonic() > deadline:  # a new topic: leaders may still be moving
-                            raise WalError(f"reading the end offset of {self.topic}[{p}]: {exc}") from exc
-                        time.sleep(0.2)
-            return ends
-        finally:
-            consumer.close()
+        wanted = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.partitions)}
+        while True:
+            try:
+                futures = self._admin().list_offsets(wanted, request_timeout=self.timeout)
+                return {tp.partition: f.result().offset for tp, f in futures.items()}
+            except KafkaException as exc:
+                if time.monotonic() > deadline:  # a new topic: leaders may still be moving
+                    raise WalError(f"reading the end offsets of {self.topic}: {exc}") from exc
+                self._wait_ready()  # also refreshes the admin client's view of the leaders
 
     def _consumer(self) -> Consumer:
         return Consumer(
@@ -186,7 +204,8 @@ class MetadataWal:
         """Yield batches of WAL messages from ``start`` offsets (missing partitions: from the beginning).
 
         With ``until``, stops once every partition reached its offset there; otherwise follows the
-        WAL until ``stop`` is set. Raises WalError on a fatal consumer error.
+        WAL until ``stop`` is set, yielding empty batches while idle. Raises WalError on a fatal
+        consumer error.
         """
         consumer = self._consumer()
         consumer.assign([TopicPartition(self.topic, p, start.get(p, 0)) for p in range(self.partitions)])
@@ -197,14 +216,16 @@ class MetadataWal:
                     return
                 if stop is not None and stop.is_set():
                     return
-                messages = consumer.consume(batch, 0.2)
+                messages = consumer.consume(1, 0.2)  # wait for the first message only, then
+                if messages:  # take what has already arrived: no waiting for a full batch
+                    messages += consumer.consume(batch - 1, 0)
                 good = [m for m in messages if m.error() is None]
                 if len(good) != len(messages):
                     for m in messages:
                         err = m.error()
                         if err is not None and err.fatal():
                             raise WalError(f"reading {self.topic}: {err}")
-                if good:
+                if good or until is None:  # when following, empty batches let the caller act on time
                     if remaining:
                         last = {m.partition(): m.offset() for m in good}
                         for p, o in last.items():

@@ -17,5 +17,5 @@ def seg(
     return SegmentRecord(
         topic="orders", topic_id=topic_id, partition=partition, segment_id=sid, state=state, broker_id=broker,
         leader_epoch=epoch, fencing_token=token, event_time=t, base_offset=base, end_offset=end,
-        max_timestamp=1_000 + end, size=size, leader_epochs=((epoch, base),),
+        first_timestamp=1_000 + base, max_timestamp=1_000 + end, size=size, leader_epochs=((epoch, base),),
     )  # fmt: skip

@@ -83,6 +83,36 @@ def test_recovery_from_snapshot_and_tail_equals_full_replay(stack: Endpoints, tm
     assert full.state.counters.applied > recovered.state.counters.applied  # the snapshot saved work
 
 
+def test_publish_reaches_every_replica_and_the_facade_answers(stack: Endpoints, tmp_path: Path) -> None:
+    topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    leader, follower = (MetadataManager(new_wal(stack, topic), tmp_path / name) for name in ("a", "b"))
+    leader.start()
+    follower.start()
+    enable = TopicRecord(topic="orders", topic_id=TOPIC_ID, action=TopicAction.ENABLE, event_time=1)
+    assert leader.publish(enable).accepted
+    old, new = uuid.uuid4(), uuid.uuid4()
+    for sid, base, end, epoch in ((old, 0, 99, 1), (new, 50, 149, 2)):
+        assert leader.publish(seg(sid, S.COPY_SEGMENT_STARTED, base, end, epoch=epoch)).accepted
+        assert leader.publish(seg(sid, S.COPY_SEGMENT_FINISHED, base, end, epoch=epoch)).accepted
+    stale = follower.publish(seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 150, 199, epoch=1, broker=2))
+    assert not stale.accepted and "leader epoch 1 < 2" in (stale.reason or "")
+    # the follower applied its own record, so it has applied everything before it in that WAL partition
+    for replica in (leader, follower):
+        state = replica.partition_state(TOPIC_ID, 0)
+        assert state is not None
+        assert (state.remote_start_offset, state.remote_end_offset, state.remote_size) == (0, 149, 2000)
+        assert replica.segment_for_offset(TOPIC_ID, 0, 49).segment_id == old.bytes
+        assert replica.segment_for_offset(TOPIC_ID, 0, 60).segment_id == new.bytes  # higher epoch wins
+        assert replica.segment_for_offset(TOPIC_ID, 0, 150) is None
+        finished = replica.segments(TOPIC_ID, 0, [S.COPY_SEGMENT_FINISHED])
+        assert [s.segment_id for s in finished] == [old.bytes, new.bytes]
+        topic_state = replica.topic_state("orders")
+        assert topic_state is not None and topic_state[0] == TOPIC_ID and topic_state[1].uploads_allowed
+        assert replica.partition_state(TOPIC_ID, 1) is None
+    leader.close()
+    follower.close()
+
+
 def test_garbage_record_is_skipped_and_replay_continues(stack: Endpoints, tmp_path: Path) -> None:
     topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
     wal = new_wal(stack, topic)

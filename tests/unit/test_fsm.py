@@ -17,7 +17,7 @@ from segment_fsm import (
     partition_delete_rejection,
     segment_rejection,
 )
-from tests.metadata_factory import seg
+from tests.metadata_factory import TOPIC_ID, seg
 
 S = SegmentState
 LEGAL = {
@@ -72,9 +72,11 @@ def test_older_leader_epoch_is_fenced() -> None:
     assert state.apply(seg(a, S.COPY_SEGMENT_STARTED, epoch=5)).accepted
     late = state.apply(seg(b, S.COPY_SEGMENT_STARTED, epoch=4, broker=2))
     assert not late.accepted and "leader epoch 4 < 5" in (late.reason or "")
-    assert state.apply(seg(a, S.COPY_SEGMENT_FINISHED, epoch=5)).accepted
-    stale_token = state.apply(seg(b, S.COPY_SEGMENT_STARTED, epoch=5, token=-1))
-    assert not stale_token.accepted
+    assert state.apply(seg(a, S.COPY_SEGMENT_FINISHED, epoch=5, token=7)).accepted
+    stale_token = state.apply(seg(b, S.COPY_SEGMENT_STARTED, epoch=6, token=6, broker=2))
+    assert not stale_token.accepted and "lease token 6 < 7" in (stale_token.reason or "")
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None and p.fence == (5, 7) and len(p) == 1  # rejected records change nothing
 
 
 @st.composite

@@ -7,9 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from metadata import MetadataState, RecordDecodeError, SnapshotCorrupt, TopicRecord, UnknownVersion, decode
+from metadata import (
+    ClusterRecord,
+    MetadataState,
+    PartitionDeleteRecord,
+    RecordDecodeError,
+    SnapshotCorrupt,
+    TopicRecord,
+    UnknownVersion,
+    decode,
+)
+from metadata.records import parse, unparse
 from metadata.snapshot import load_snapshot, write_snapshot
-from segment_fsm import SegmentState, TopicAction
+from segment_fsm import PartitionDeleteState, SegmentState, TopicAction
 from tests.metadata_factory import TOPIC_ID, seg
 
 S = SegmentState
@@ -35,6 +45,10 @@ def test_bounds_and_lookup_with_overlapping_epochs() -> None:
     assert p.segment_for_offset(160).segment_id == c.bytes  # higher epoch wins the overlap
     assert p.segment_for_offset(300) is None
     assert p.remote_size() == 3000
+    summary = p.summary()
+    assert (summary.remote_start_offset, summary.remote_end_offset, summary.remote_size) == (0, 299, 3000)
+    assert summary.segment_counts["COPY_SEGMENT_FINISHED"] == 3 and summary.fence == (2, 0)
+    assert p.segment_for_offset(160).first_timestamp == 1_150  # the factory's first timestamp: 1000 + base
 
 
 def test_deleted_segments_leave_the_bounds_and_are_compacted() -> None:
@@ -53,6 +67,14 @@ def test_deleted_segments_leave_the_bounds_and_are_compacted() -> None:
 def test_record_codec_round_trip_and_bad_input() -> None:
     record = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 5, 10)
     assert decode(record.encode()) == record
+    assert unparse(*parse(record.encode())) == record.encode()
+    for other in (
+        PartitionDeleteRecord(topic="orders", topic_id=TOPIC_ID, partition=3, state=PartitionDeleteState(1),
+                              broker_id=2, leader_epoch=7, fencing_token=12, event_time=5),
+        ClusterRecord(action=TopicAction.PAUSE_UPLOAD, event_time=9),
+    ):  # fmt: skip
+        assert decode(other.encode()) == other
+        assert unparse(*parse(other.encode())) == other.encode()
     topic = TopicRecord(topic="orders", topic_id=TOPIC_ID, action=TopicAction.ENABLE, local_retention_ms=1000,
                         event_time=1)  # fmt: skip
     assert decode(topic.encode()) == topic
@@ -103,3 +125,14 @@ def test_corrupt_snapshots_are_detected(tmp_path: Path, damage: str) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(SnapshotCorrupt, match=str(path)):
         load_snapshot(path)
+
+
+def test_records_check_themselves_when_built() -> None:
+    with pytest.raises(ValueError, match="topic_id"):
+        TopicRecord(topic="orders", topic_id="not-a-uuid", action=TopicAction.ENABLE, event_time=1)
+    with pytest.raises(ValueError, match="topic"):
+        TopicRecord(topic="", topic_id=TOPIC_ID, action=TopicAction.ENABLE, event_time=1)
+    with pytest.raises(ValueError, match="end_offset"):
+        seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 0, -5)
+    with pytest.raises(ValueError, match="end_offset 4 is below base_offset 5"):
+        seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 5, 4)

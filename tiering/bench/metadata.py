@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import click
+from confluent_kafka.admin import AdminClient
 
 from metadata import MetadataManager, MetadataWal, SegmentRecord
 from metadata.records import EPOCH_ENTRY, unparse
@@ -58,7 +59,7 @@ def _history(wal: MetadataWal, first: int, count: int, partitions: int) -> int:
         sid = (i + 1).to_bytes(16, "big")
         epochs = EPOCH_ENTRY.pack(1, base)
         for state in (STARTED, FINISHED):
-            fields = (topic_id, partition, sid, state, 1, 1, 0, i, base, base + 999, i, i, 1 << 20, "bench", epochs)
+            fields = (1, 1, 0, i, topic_id, partition, sid, state, base, base + 999, i, i, 1 << 20, "bench", epochs)
             wal.produce_async(wal_partition, unparse(SegmentRecord.TYPE, fields))
     wal.flush()
     return 2 * count
@@ -71,6 +72,49 @@ def _timed_recovery(bootstrap: str, topic: str, snapshot_dir: Path) -> tuple[flo
     seconds = time.perf_counter() - start
     manager.wal.close()
     return seconds, manager
+
+
+def _measure(bootstrap: str, topic: str, tmp: Path, segments: int, partitions: int, tail: int) -> list[dict]:
+    """Write the history, take the snapshot, time both recoveries; the JSON lines, summary last."""
+    wal = MetadataWal(bootstrap, topic=topic)
+    wal.ensure_topic()
+    t0 = time.perf_counter()
+    records = _history(wal, 0, segments - tail, partitions)
+    write_s = time.perf_counter() - t0
+    _, before = _timed_recovery(bootstrap, topic, tmp / "unused")
+    t0 = time.perf_counter()
+    snapshot = before.snapshot_now()
+    snapshot_write_s = time.perf_counter() - t0
+    records += _history(wal, segments - tail, tail, partitions)
+    wal.close()
+
+    t0 = time.perf_counter()
+    load_snapshot(snapshot)
+    snapshot_load_s = time.perf_counter() - t0
+    full_s, full = _timed_recovery(bootstrap, topic, tmp / "empty")
+    runs = [_timed_recovery(bootstrap, topic, snapshot.parent) for _ in range(3)]
+    snap_s = statistics.median(seconds for seconds, _ in runs)  # short runs are noisier: median of 3
+    recovered = runs[-1][1]
+    if full.state.digest() != recovered.state.digest():
+        raise click.ClickException("snapshot recovery and full replay disagree")
+    probe = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(snapshot)], capture_output=True, text=True, check=True
+    )
+    rss_delta, loaded_segments = (int(x) for x in probe.stdout.split())
+    return [
+        {"measure": "history", "segments": segments, "records": records, "partitions": partitions,
+         "tail_records": 2 * tail, "write_s": round(write_s, 3)},
+        {"measure": "full_replay", "seconds": round(full_s, 3), "records_s": round(records / full_s)},
+        {"measure": "snapshot_recovery", "seconds": round(snap_s, 3), "runs_s": [round(r[0], 3) for r in runs],
+         "source": recovered.recovered_from},
+        {"measure": "snapshot", "bytes": snapshot.stat().st_size, "write_s": round(snapshot_write_s, 3),
+         "load_s": round(snapshot_load_s, 3)},
+        {"measure": "memory", "segments_loaded": loaded_segments, "rss_delta_bytes": rss_delta},
+        {"ratio": round(full_s / snap_s, 2), "bytes_per_segment": round(rss_delta / loaded_segments, 1),
+         "replay_records_s": round(records / full_s), "full_replay_s": round(full_s, 3),
+         "snapshot_recovery_s": round(snap_s, 3), "snapshot_write_s": round(snapshot_write_s, 3),
+         "snapshot_load_s": round(snapshot_load_s, 3)},
+    ]  # fmt: skip
 
 
 @click.command()
@@ -106,53 +150,9 @@ def metadata(segments: int, partitions: int, tail_percent: float, stack_dir: Pat
     tail = int(segments * tail_percent / 100)
     with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="tiering-bench-md-") as tmp:
         topic = f"__tiering_metadata_bench_{uuid.uuid4().hex[:8]}"
-        wal = MetadataWal(endpoints.bootstrap, topic=topic)
-        wal.ensure_topic()
-        t0 = time.perf_counter()
-        records = _history(wal, 0, segments - tail, partitions)
-        write_s = time.perf_counter() - t0
-        _, before = _timed_recovery(endpoints.bootstrap, topic, Path(tmp) / "unused")
-        t0 = time.perf_counter()
-        snapshot = before.snapshot_now()
-        snapshot_write_s = time.perf_counter() - t0
-        snap_dir = snapshot.parent
-        records += _history(wal, segments - tail, tail, partitions)
-        wal.close()
-
-        t0 = time.perf_counter()
-        load_snapshot(snapshot)
-        snapshot_load_s = time.perf_counter() - t0
-        full_s, full = _timed_recovery(endpoints.bootstrap, topic, Path(tmp) / "empty")
-        runs = [_timed_recovery(endpoints.bootstrap, topic, snap_dir) for _ in range(3)]
-        snap_s = statistics.median(seconds for seconds, _ in runs)  # short runs are noisier: median of 3
-        recovered = runs[-1][1]
-        if full.state.digest() != recovered.state.digest():
-            raise click.ClickException("snapshot recovery and full replay disagree")
-        probe = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(snapshot)], capture_output=True, text=True,
-                               check=True)  # fmt: skip
-        rss_delta, loaded_segments = (int(x) for x in probe.stdout.split())
-        lines = [
-            {"measure": "history", "segments": segments, "records": records, "partitions": partitions,
-             "tail_records": 2 * tail, "write_s": round(write_s, 3)},
-            {"measure": "full_replay", "seconds": round(full_s, 3), "records_s": round(records / full_s)},
-            {"measure": "snapshot_recovery", "seconds": round(snap_s, 3), "runs_s": [round(r[0], 3) for r in runs],
-             "source": recovered.recovered_from},
-            {"measure": "snapshot", "bytes": snapshot.stat().st_size, "write_s": round(snapshot_write_s, 3),
-             "load_s": round(snapshot_load_s, 3)},
-            {"measure": "memory", "segments_loaded": loaded_segments, "rss_delta_bytes": rss_delta},
-        ]  # fmt: skip
-        for line in lines:
-            click.echo(json.dumps(line))
-        click.echo(
-            json.dumps(
-                {
-                    "ratio": round(full_s / snap_s, 2),
-                    "bytes_per_segment": round(rss_delta / loaded_segments, 1),
-                    "replay_records_s": round(records / full_s),
-                    "full_replay_s": round(full_s, 3),
-                    "snapshot_recovery_s": round(snap_s, 3),
-                    "snapshot_write_s": round(snapshot_write_s, 3),
-                    "snapshot_load_s": round(snapshot_load_s, 3),
-                }
-            )
-        )
+        try:
+            lines = _measure(endpoints.bootstrap, topic, Path(tmp), segments, partitions, tail)
+        finally:  # a reused stack keeps running: do not leave a million records behind
+            AdminClient({"bootstrap.servers": endpoints.bootstrap}).delete_topics([topic])[topic].result(60)
+    for line in lines:
+        click.echo(json.dumps(line))
