@@ -29,6 +29,9 @@ from metadata.records import EPOCH_ENTRY, unparse
 from metadata.snapshot import load_snapshot
 from segment_fsm import SegmentState
 from tiering.bench.realstack import bench_stack, stack_dir_option
+from tiering.logs import get_logger
+
+log = get_logger(__name__)
 
 STARTED = int(SegmentState.COPY_SEGMENT_STARTED)
 FINISHED = int(SegmentState.COPY_SEGMENT_FINISHED)
@@ -72,6 +75,14 @@ def _timed_recovery(bootstrap: str, topic: str, snapshot_dir: Path) -> tuple[flo
     seconds = time.perf_counter() - start
     manager.wal.close()
     return seconds, manager
+
+
+def _delete_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        admin.delete_topics([topic])[topic].result(60)
+    except Exception as exc:  # never hide the benchmark's own error behind a cleanup failure
+        log.warning("deleting the benchmark's WAL topic failed", topic=topic, error=str(exc))
 
 
 def _measure(bootstrap: str, topic: str, tmp: Path, segments: int, partitions: int, tail: int) -> list[dict]:
@@ -153,6 +164,6 @@ def metadata(segments: int, partitions: int, tail_percent: float, stack_dir: Pat
         try:
             lines = _measure(endpoints.bootstrap, topic, Path(tmp), segments, partitions, tail)
         finally:  # a reused stack keeps running: do not leave a million records behind
-            AdminClient({"bootstrap.servers": endpoints.bootstrap}).delete_topics([topic])[topic].result(60)
+            _delete_topic(endpoints.bootstrap, topic)
     for line in lines:
         click.echo(json.dumps(line))
