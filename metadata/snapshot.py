@@ -1,10 +1,11 @@
 """Snapshots of the metadata state and the WAL offsets they cover.
 
-File layout (all big-endian)::
+File layout (prefix and header length big-endian, columns little-endian as arrays on x86 and ARM)::
 
     b"TSNP" | version u16 | CRC-32C of body u32 | body length u64 | body
     body = JSON header length u32 | JSON header | per partition, in header order, its columns:
-           ids (16n) | base, end, max_ts, size, event_time (8n each) | epoch (4n) | state (n) | order (8n)
+           ids (16n) | base, end, first_ts, max_ts, size, event_time (i64, 8n each) | epoch (i32, 4n)
+           | state (n) | order (i64 rows by base offset, 8n)
 
 Written atomically (temp file, fsync, rename, fsync of the directory), kept locally and copied to
 the remote store through ``SnapshotStore``. A snapshot whose magic, length or checksum is wrong is
@@ -17,9 +18,11 @@ import json
 import os
 import shutil
 import struct
+import sys
 import time
+from array import array
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import crc32c
 
@@ -34,6 +37,7 @@ VERSION = 1
 _PREFIX = struct.Struct(">4sHIQ")
 _U32 = struct.Struct(">I")
 SUFFIX = ".tsnap"
+_FILE_COLUMNS = ("ids", *COLUMNS_Q, "epoch", "state", "order")  # a partition's columns in file order
 
 
 class SnapshotCorrupt(TieringError):
@@ -80,8 +84,19 @@ class LocalDirSnapshotStore:
         (self.root / key).unlink(missing_ok=True)
 
 
-def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[bytes]:
-    """The snapshot's bytes as chunks (prefix first), so large states are not copied into one buffer."""
+def _little_endian(column: bytearray | array) -> bytearray | array:
+    if sys.byteorder == "little" or not isinstance(column, array):
+        return column
+    swapped = array(column.typecode, column)
+    swapped.byteswap()
+    return swapped
+
+
+def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[bytes | bytearray | array]:
+    """The snapshot as buffers (prefix first): the state's own columns, not copies of them.
+
+    The caller writes them out before the state changes (``MetadataManager`` holds its lock).
+    """
     order = sorted(state.partitions)
     header = {
         "created_ms": int(time.time() * 1000),
@@ -102,7 +117,7 @@ def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[b
         ],
         "partitions": [],
     }
-    blobs: list[bytes] = []
+    blobs: list[bytes | bytearray | array] = []
     for key in order:
         p = state.partitions[key]
         header["partitions"].append(
@@ -116,70 +131,46 @@ def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[b
                 p.max_span,
             ]
         )
-        blobs.append(bytes(p.ids))
-        blobs.extend(getattr(p, c).tobytes() for c in COLUMNS_Q)
-        blobs.append(p.epoch.tobytes())
-        blobs.append(bytes(p.state))
-        blobs.append(p.order.tobytes())
+        blobs.extend(_little_endian(getattr(p, column)) for column in _FILE_COLUMNS)
     head = json.dumps(header).encode()
     body = [_U32.pack(len(head)), head, *blobs]
     crc = 0
     length = 0
     for chunk in body:
         crc = crc32c.crc32c(chunk, crc)
-        length += len(chunk)
+        length += memoryview(chunk).nbytes
     return [_PREFIX.pack(MAGIC, VERSION, crc, length), *body]
 
 
-def decode_snapshot(data: bytes, name: str = "<snapshot>") -> tuple[MetadataState, dict[int, int]]:
-    """Rebuild (state, WAL offsets) from snapshot bytes; SnapshotCorrupt if anything is off."""
-    if len(data) < _PREFIX.size:
-        raise SnapshotCorrupt(f"{name}: {len(data)} bytes is shorter than the snapshot prefix")
-    magic, version, crc, length = _PREFIX.unpack_from(data, 0)
-    if magic != MAGIC or version != VERSION:
-        raise SnapshotCorrupt(f"{name}: not a version {VERSION} snapshot (magic {magic!r}, version {version})")
-    body = memoryview(data)[_PREFIX.size :]
-    if len(body) != length:
-        raise SnapshotCorrupt(f"{name}: body is {len(body)} bytes, the prefix says {length} (truncated?)")
-    if crc32c.crc32c(body) != crc:
-        raise SnapshotCorrupt(f"{name}: CRC-32C mismatch")
-    try:
-        return _decode_body(body)
-    except (ValueError, KeyError, IndexError, TypeError, struct.error) as exc:
-        raise SnapshotCorrupt(f"{name}: malformed body: {exc}") from exc
+def _read_body(f: BinaryIO) -> tuple[MetadataState, dict[int, int]]:
+    def exact(n: int) -> bytes:
+        data = f.read(n)
+        if len(data) != n:
+            raise ValueError("the body ends early")
+        return data
 
-
-def _decode_body(body: memoryview) -> tuple[MetadataState, dict[int, int]]:
-    (head_len,) = _U32.unpack_from(body, 0)
-    header = json.loads(bytes(body[4 : 4 + head_len]))
-    pos = 4 + head_len
+    (head_len,) = _U32.unpack(exact(4))
+    header = json.loads(exact(head_len))
     state = MetadataState()
     state.cluster = ClusterTiering(*header["cluster"])
     for tid, name, *flags in header["topics"]:
         state.topics[topic_id_bytes(tid)] = (name, TopicTiering(*flags))
-
-    def take(n: int) -> memoryview:
-        nonlocal pos
-        chunk = body[pos : pos + n]
-        if len(chunk) != n:
-            raise ValueError("columns run past the end")
-        pos += n
-        return chunk
-
     for tid, num, topic, fence, delete_state, n, max_span in header["partitions"]:
         p = PartitionSegments(topic)
         p.fence = Fence(*fence)
         p.delete_state = None if delete_state is None else PartitionDeleteState(delete_state)
-        p.ids = bytearray(take(16 * n))
-        for column in COLUMNS_Q:
-            getattr(p, column).frombytes(take(8 * n))
-        p.epoch.frombytes(take(4 * n))
-        p.state = bytearray(take(n))
-        p.order.frombytes(take(8 * n))
+        for column in _FILE_COLUMNS:
+            current = getattr(p, column)
+            if isinstance(current, array):
+                current.fromfile(f, n)  # EOFError when short
+                if sys.byteorder == "big":
+                    current.byteswap()
+            else:
+                setattr(p, column, bytearray(exact(n * (16 if column == "ids" else 1))))
         p.max_span = max_span
         state.partitions[(topic_id_bytes(tid), num)] = p
-    if pos != len(body):
-        raise ValueError(f"{len(body) - pos} unexpected bytes after the last partition")
+    if f.read(1):
+        raise ValueError("unexpected bytes after the last partition")
     return state, {int(k): v for k, v in header["wal_offsets"].items()}
 
 
@@ -203,11 +194,34 @@ def write_snapshot(directory: Path, state: MetadataState, wal_offsets: dict[int,
 
 
 def load_snapshot(path: Path) -> tuple[MetadataState, dict[int, int]]:
+    """Rebuild (state, WAL offsets) from a snapshot file; SnapshotCorrupt if anything is off.
+
+    Two passes, both streamed: the checksum over the whole body first (nothing of a damaged file is
+    parsed), then the columns straight into their arrays.
+    """
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            prefix = f.read(_PREFIX.size)
+            if len(prefix) != _PREFIX.size:
+                raise SnapshotCorrupt(f"{path}: {len(prefix)} bytes is shorter than the snapshot prefix")
+            magic, version, crc, length = _PREFIX.unpack(prefix)
+            if magic != MAGIC or version != VERSION:
+                raise SnapshotCorrupt(f"{path}: not a version {VERSION} snapshot (magic {magic!r}, version {version})")
+            size = os.fstat(f.fileno()).st_size - _PREFIX.size
+            if size != length:
+                raise SnapshotCorrupt(f"{path}: body is {size} bytes, the prefix says {length} (truncated?)")
+            actual = 0
+            while chunk := f.read(1 << 20):
+                actual = crc32c.crc32c(chunk, actual)
+            if actual != crc:
+                raise SnapshotCorrupt(f"{path}: CRC-32C mismatch")
+            f.seek(_PREFIX.size)
+            try:
+                return _read_body(f)
+            except (ValueError, KeyError, IndexError, TypeError, EOFError, struct.error) as exc:
+                raise SnapshotCorrupt(f"{path}: malformed body: {exc}") from exc
     except OSError as exc:
         raise SnapshotCorrupt(f"{path}: cannot read: {exc}") from exc
-    return decode_snapshot(data, str(path))
 
 
 def local_snapshots(directory: Path) -> list[Path]:
