@@ -6,6 +6,9 @@ The key's create revision is strictly larger for every new holder, so it is the 
 sidecar puts into its WAL records: a record with an older token than the partition has seen is
 rejected by every replica. When the lease cannot be refreshed (etcd unreachable, lease expired) or a
 key vanished, ``is_held`` turns false at once and the sidecar must stop uploading that partition.
+
+Talks to etcd's gRPC gateway through ``etcd3gw`` (2.x asks ``/version`` and uses ``/v3/`` on etcd
+3.4 and later, ``/v3beta/`` on 3.3). Optional: without etcd the leader epoch alone fences writers.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class EtcdLeases:
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self._confirmed = 0.0  # monotonic time the lease was last granted or refreshed
+
+    @property
+    def lease_id(self) -> int | None:
+        """The etcd lease this sidecar's keys are bound to (None before the first acquire or after a loss)."""
+        lease = self._lease
+        return None if lease is None else lease.id
 
     def key(self, topic_id: str, partition: int) -> str:
         return f"{self.prefix}/leases/{topic_id}/{partition}"

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from etcd3gw.lease import Lease
 
 from deploy.stack import Endpoints
 from metadata import (
@@ -192,5 +193,22 @@ def test_two_sidecars_compete_for_a_lease_and_the_loser_is_fenced(stack: Endpoin
         assert p.state_of(late.segment_id.bytes, 100) is None
         assert replica.state.counters.rejected == 1
         assert "lease token" in (replica.state.last_rejection or "")
+    a.close()
+    b.close()
+
+
+def test_an_expired_lease_stops_its_holder(stack: Endpoints) -> None:
+    lost: list[tuple[str, int]] = []
+    prefix = f"/tiering-test-{uuid.uuid4().hex[:8]}"
+    a = EtcdLeases(stack.etcd.url, "broker-1", ttl=3, prefix=prefix, on_lost=lambda t, p: lost.append((t, p)))
+    b = EtcdLeases(stack.etcd.url, "broker-2", ttl=3, prefix=prefix)
+    assert a.acquire(TOPIC_ID, 7) is not None and a.lease_id is not None
+    Lease(a.lease_id, b.client).revoke()  # etcd ends the lease, as it does when keepalives stop arriving
+    for _ in range(100):  # the holder notices at its next refresh: bounded wait, 10 s at most
+        if lost:
+            break
+        time.sleep(0.1)
+    assert lost == [(TOPIC_ID, 7)] and not a.is_held(TOPIC_ID, 7)
+    assert b.acquire(TOPIC_ID, 7) is not None  # the key went with the lease
     a.close()
     b.close()
