@@ -8,7 +8,7 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metadata import MetadataState
+from metadata import MetadataState, PartitionDeleteRecord
 from segment_fsm import (
     PartitionDeleteState,
     SegmentState,
@@ -81,15 +81,23 @@ def test_older_leader_epoch_is_fenced() -> None:
 
 @st.composite
 def histories(draw: st.DrawFn) -> list[list]:
-    """Per-partition record sequences: each segment a random walk, possibly illegal, epochs random."""
+    """Per-partition record sequences: segment copies taking random (possibly illegal) walks and
+    partition deletions, written under random leader epochs and lease tokens."""
     per_partition = []
     for partition in range(draw(st.integers(1, 4))):
         records = []
         for i in range(draw(st.integers(1, 6))):
             sid = uuid.UUID(int=draw(st.integers(0, 2**64)) * 16 + partition)
-            for state in draw(st.lists(st.sampled_from(list(S)), min_size=1, max_size=5)):
-                epoch = draw(st.integers(0, 3))
-                records.append(seg(sid, state, base=i * 100, end=i * 100 + 99, partition=partition, epoch=epoch))
+            for state in draw(st.lists(st.sampled_from([*S, *PartitionDeleteState]), min_size=1, max_size=5)):
+                epoch, token = draw(st.integers(0, 3)), draw(st.integers(0, 2))
+                if isinstance(state, PartitionDeleteState):
+                    records.append(
+                        PartitionDeleteRecord(topic="orders", topic_id=TOPIC_ID, partition=partition, state=state,
+                                              broker_id=1, leader_epoch=epoch, fencing_token=token, event_time=0)
+                    )  # fmt: skip
+                    continue
+                base = i * 100
+                records.append(seg(sid, state, base, base + 99, partition=partition, epoch=epoch, token=token))
         per_partition.append(records)
     return per_partition
 
