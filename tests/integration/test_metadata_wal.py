@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
 from etcd3gw.lease import Lease
 
 from deploy.stack import Endpoints
@@ -18,6 +20,7 @@ from metadata import (
     SegmentRecord,
     TopicRecord,
 )
+from metadata.snapshot import local_snapshots
 from segment_fsm import SegmentState, TopicAction
 from tests.metadata_factory import TOPIC_ID, seg
 
@@ -114,20 +117,52 @@ def test_publish_reaches_every_replica_and_the_facade_answers(stack: Endpoints, 
     follower.close()
 
 
-def test_garbage_record_is_skipped_and_replay_continues(stack: Endpoints, tmp_path: Path) -> None:
+def test_garbage_record_is_skipped_and_replay_continues(
+    stack: Endpoints, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
     wal = new_wal(stack, topic)
     wal.ensure_topic()
     good = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 0, 9)
     part = wal.partition_for(good)
-    wal.append_payload(part, b"this is not a metadata record")
+    _, garbage_offset = wal.append_payload(part, b"this is not a metadata record")
     wal.append_payload(part, b"\xa7\x01\x01truncated")
+    wal.append_payload(part, b"\xa7\x09\x01a record from a newer sidecar")
     wal.append(good)
     wal.close()
-    manager = replay(stack, topic, tmp_path)
-    assert manager.state.counters.garbage == 2
+    with caplog.at_level(logging.ERROR, logger="metadata.manager"):
+        manager = replay(stack, topic, tmp_path)
+    assert manager.state.counters.garbage == 2 and manager.state.counters.unknown_version == 1
     p = manager.state.partition(TOPIC_ID, 0)
     assert p is not None and p.state_of(good.segment_id.bytes, 0) == S.COPY_SEGMENT_STARTED
+    logged = [r.fields for r in caplog.records if getattr(r, "event", "") == "skipping an undecodable metadata record"]
+    assert len(logged) == 2 and logged[0]["wal_partition"] == part and logged[0]["offset"] == garbage_offset
+
+
+def test_wal_topic_settings_and_periodic_snapshots(stack: Endpoints, tmp_path: Path) -> None:
+    topic = f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    manager = MetadataManager(new_wal(stack, topic), tmp_path, snapshot_every_records=100, keep_snapshots=2)
+    manager.start()
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert {k: configs[k].value for k in ("cleanup.policy", "retention.ms", "retention.bytes")} == {
+        "cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1",
+    }  # fmt: skip
+    assert len(admin.list_topics(topic, timeout=30).topics[topic].partitions) == 8
+    for round_ in range(4):  # 4 x 150 records: a snapshot after each round of >= 100
+        bulk(manager.wal, history(50, epoch=round_ + 1))
+        manager.publish(seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 10**6 + round_, 10**6 + round_, epoch=round_ + 1))
+    for _ in range(100):  # the follower writes them after applying batches: bounded wait, 10 s at most
+        if local_snapshots(tmp_path):
+            break
+        time.sleep(0.1)
+    expected = manager.state.digest()
+    manager.close()
+    assert 1 <= len(local_snapshots(tmp_path)) <= 2  # older ones were pruned
+    recovered = replay(stack, topic, tmp_path)
+    assert recovered.recovered_from == str(local_snapshots(tmp_path)[0])
+    assert recovered.state.digest() == expected
 
 
 def test_corrupt_snapshots_fall_back_to_older_then_remote(stack: Endpoints, tmp_path: Path) -> None:
@@ -170,7 +205,7 @@ def test_two_sidecars_compete_for_a_lease_and_the_loser_is_fenced(stack: Endpoin
 
     b.client.delete(a.key(TOPIC_ID, 0))  # the key disappears (an operator, or an expiry) ...
     for _ in range(100):  # ... and a notices within a refresh period: bounded wait, 10 s at most
-        if not a.is_held(TOPIC_ID, 0):
+        if lost:  # the callback comes last, after is_held turned false
             break
         time.sleep(0.1)
     assert not a.is_held(TOPIC_ID, 0) and lost == [(TOPIC_ID, 0)]
