@@ -93,7 +93,8 @@ class SegmentRecord(_Record):
     timestamp and the highest max timestamp in the segment; ``leader_epochs`` are the (epoch, start
     offset) entries of Kafka's leader-epoch cache that cover the segment; ``segment_id`` is new for
     every copy attempt. With topic name, topic id and partition, (base offset, segment id) names the
-    segment's objects in the remote store.
+    segment's objects in the remote store. As in Kafka, COPY_SEGMENT_STARTED fixes the offsets,
+    timestamps and size; later records of the copy (same segment id and base offset) move its state.
     """
 
     TYPE: ClassVar[int] = 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient, ConfigResource
 from etcd3gw.lease import Lease
 
@@ -23,6 +25,7 @@ from metadata import (
 from metadata.snapshot import local_snapshots
 from segment_fsm import SegmentState, TopicAction
 from tests.metadata_factory import TOPIC_ID, seg
+from tiering.cli.main import main
 
 pytestmark = pytest.mark.integration
 S = SegmentState
@@ -247,3 +250,16 @@ def test_an_expired_lease_stops_its_holder(stack: Endpoints) -> None:
     assert b.acquire(TOPIC_ID, 7) is not None  # the key went with the lease
     a.close()
     b.close()
+
+
+def test_bench_metadata_prints_its_measurements(stack: Endpoints) -> None:
+    args = ["bench", "metadata", "--segments", "2000", "--partitions", "20", "--stack-dir", stack.stack_dir]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    summary = lines[-1]
+    assert {"ratio", "bytes_per_segment", "replay_records_s"} <= summary.keys()
+    history = next(line for line in lines if line.get("measure") == "history")
+    assert history["records"] == 4000 and history["tail_records"] == 40
+    memory = next(line for line in lines if line.get("measure") == "memory")
+    assert memory["segments_loaded"] == 1980  # the snapshot holds the history before the tail
