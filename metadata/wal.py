@@ -48,6 +48,7 @@ class MetadataWal:
         self.timeout = timeout
         self.client_config = dict(client_config or {})
         self._producer: Producer | None = None
+        self._producer_lock = threading.Lock()
         self._admin_client: AdminClient | None = None
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
@@ -114,8 +115,10 @@ class MetadataWal:
 
     # -- writing -----------------------------------------------------------------------------
     def _ensure_producer(self) -> Producer:
-        if self._producer is None:
-            self._producer = Producer(
+        with self._producer_lock:
+            if self._producer is not None:
+                return self._producer
+            producer = self._producer = Producer(
                 {
                     "bootstrap.servers": self.bootstrap,
                     "enable.idempotence": True,
@@ -125,20 +128,34 @@ class MetadataWal:
                     **self.client_config,
                 }
             )
-            self._poller = threading.Thread(target=self._poll_loop, name="wal-producer-poll", daemon=True)
+            self._poller = threading.Thread(
+                target=self._poll_loop, args=(producer,), name="wal-producer-poll", daemon=True
+            )
             self._poller.start()
-        return self._producer
+            return producer
 
-    def _poll_loop(self) -> None:
-        while not self._closed.is_set():
-            assert self._producer is not None
-            self._producer.poll(0.1)
+    def _poll_loop(self, producer: Producer) -> None:
+        while not self._closed.is_set() and self._producer is producer:
+            producer.poll(0.1)
+
+    def _discard_producer(self, producer: Producer, why: object) -> None:
+        """After a fatal error (e.g. the idempotent producer was fenced) the next write uses a new one."""
+        with self._producer_lock:
+            if self._producer is producer:
+                self._producer = None
+                log.error("metadata WAL producer failed fatally; a new one will be created", error=str(why))
 
     def append(self, record: MetadataRecord) -> tuple[int, int]:
         """Write ``record`` durably; return its (WAL partition, offset). Raises WalError."""
         return self.append_payload(self.partition_for(record), record.encode())
 
     def append_payload(self, partition: int, payload: bytes) -> tuple[int, int]:
+        """Write one payload to WAL ``partition``; return (partition, offset) once it is durable
+        (acks=all and the delivery report checked).
+
+        Raises WalError when the write failed, or when it was not acknowledged in time (it may still
+        land): retrying writes it again, which the state machine treats as an idempotent retry.
+        """
         producer = self._ensure_producer()
         done = threading.Event()
         outcome: dict[str, Any] = {}
@@ -148,11 +165,17 @@ class MetadataWal:
             outcome["offset"] = None if err else msg.offset()
             done.set()
 
-        producer.produce(self.topic, value=payload, partition=partition, on_delivery=report)
+        try:
+            producer.produce(self.topic, value=payload, partition=partition, on_delivery=report)
+        except (KafkaException, BufferError) as exc:
+            raise WalError(f"write to {self.topic}[{partition}] not queued: {exc}") from exc
         if not done.wait(self.timeout):
             raise WalError(f"write to {self.topic}[{partition}] not acknowledged within {self.timeout:.0f}s")
-        if outcome["err"] is not None:
-            raise WalError(f"write to {self.topic}[{partition}] failed: {outcome['err']}")
+        err = outcome["err"]
+        if err is not None:
+            if err.fatal():
+                self._discard_producer(producer, err)
+            raise WalError(f"write to {self.topic}[{partition}] failed: {err}")
         return partition, int(outcome["offset"])
 
     def produce_async(self, partition: int, payload: bytes) -> None:
