@@ -97,6 +97,13 @@ class MetadataManager:
         self.wal.ensure_topic()
         self.recover_snapshot()
         end = self.wal.end_offsets()
+        ahead = {p: o for p, o in self.next_offsets.items() if o > end.get(p, 0)}
+        if ahead:  # the snapshot is of another incarnation of the WAL topic: never trust it
+            log.error(
+                "snapshot covers WAL offsets beyond the WAL's end; replaying the WAL from the start",
+                source=self.recovered_from, wal_topic=self.wal.topic, ahead=ahead,
+            )  # fmt: skip
+            self.state, self.next_offsets, self.recovered_from = MetadataState(), {}, "empty"
         for batch in self.wal.read(self.next_offsets, until=end):
             self._apply_batch(batch)
         log.info(

@@ -3,7 +3,9 @@
 cleanup.policy=delete with infinite retention, replication min(3, brokers), written by an
 idempotent producer with acks=all. All records of one user partition go to one WAL partition (a
 stable CRC-32C hash of topic id + partition), so their order is total; topic-level records go by
-topic id, cluster-level records to partition 0.
+topic id, cluster-level records to partition 0. The partition count must never change once the
+topic exists (a user partition's records would move to another WAL partition): ``ensure_topic``
+adopts the existing topic's count.
 """
 
 from __future__ import annotations
