@@ -72,6 +72,9 @@ class _FileRange:
     def readable(self) -> bool:
         return True
 
+    def close(self) -> None:
+        """The descriptor belongs to the copier, which closes it; transfer libraries may call this."""
+
 
 @dataclass(frozen=True, slots=True)
 class LocalSegment:

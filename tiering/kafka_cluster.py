@@ -75,6 +75,14 @@ def _wait(future: Future, what: str, timeout: float) -> Any:
         raise KafkaClusterError(f"{what}: no answer within {timeout:.0f}s") from exc
 
 
+def kafka_topic_id(text: str) -> str:
+    """A topic id as Kafka prints it (URL-safe base64, no padding, as in partition.metadata).
+
+    confluent-kafka's ``Uuid.__str__`` uses the standard alphabet ('+', '/'); Kafka uses '-', '_'.
+    """
+    return text.replace("+", "-").replace("/", "_").rstrip("=")
+
+
 class KafkaCluster:
     """A thin, typed view of the cluster for the sidecar and the CLI."""
 
@@ -98,7 +106,7 @@ class KafkaCluster:
             entries = _wait(future, f"describe configs of topic {name}", self.timeout)
             result[name] = TopicInfo(
                 name=name,
-                topic_id=str(desc.topic_id),
+                topic_id=kafka_topic_id(str(desc.topic_id)),
                 partitions=tuple(
                     PartitionLeader(
                         p.id, p.leader.id if p.leader is not None else None, tuple(r.id for r in p.replicas)

@@ -21,7 +21,7 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "event": record.getMessage(),
+            "event": getattr(record, "event", record.getMessage()),
         }
         doc.update(getattr(record, "fields", {}))
         if record.exc_info:
@@ -34,7 +34,8 @@ class StructuredLogger(logging.LoggerAdapter):
 
     def _log_fields(self, level: int, msg: str, exc_info: Any, fields: dict[str, Any]) -> None:
         if self.logger.isEnabledFor(level):
-            self.logger.log(level, msg, exc_info=exc_info, extra={"fields": fields}, stacklevel=3)
+            text = " ".join([msg, *(f"{k}={v}" for k, v in fields.items())])  # readable by plain handlers too
+            self.logger.log(level, text, exc_info=exc_info, extra={"fields": fields, "event": msg}, stacklevel=3)
 
     def debug(self, msg: str, *, exc_info: Any = None, **fields: Any) -> None:  # type: ignore[override]
         self._log_fields(logging.DEBUG, msg, exc_info, fields)

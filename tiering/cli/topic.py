@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from metadata import ClusterRecord, TopicRecord
-from metadata.partition import DELETE_FINISHED
 from segment_fsm import SegmentState, TopicAction
 from tiering.cli.common import admin_context, config_option
 from tiering.errors import ConfigError, TieringError
@@ -90,7 +89,7 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
             )
         except ConfigError as exc:
             raise click.ClickException(f"topic {name}: {exc}") from exc
-        current = ctx.manager.state.topic(name)
+        current = ctx.manager.topic_state(name)
         if current is not None and current[0] == info.topic_id and current[1].enabled:
             state = current[1]
             click.echo(
@@ -152,10 +151,13 @@ def rollback(name: str, delete_remote: bool, config_file: Path | None) -> None:
 def _delete_remote(ctx: SidecarContext, info: TopicInfo) -> int:
     deleted = 0
     for p in info.partitions:
-        with ctx.manager.lock:
-            part = ctx.manager.partition(info.topic_id, p.partition)
-            segments = [s for s in part.segments() if s.state != DELETE_FINISHED] if part is not None else []
-            epoch, token = part.fence if part is not None else (0, 0)
+        summary = ctx.manager.partition_state(info.topic_id, p.partition)
+        epoch, token = summary.fence if summary is not None else (0, 0)
+        segments = [
+            s
+            for s in ctx.manager.segments(info.topic_id, p.partition)
+            if s.state != SegmentState.DELETE_SEGMENT_FINISHED
+        ]
         task = PartitionTask(ctx, info.name, info.topic_id, p.partition)
         for seg in segments:
             if not task.delete_copy(seg, epoch, token):
@@ -175,11 +177,11 @@ def partition_rows(ctx: SidecarContext, info: TopicInfo) -> list[dict[str, Any]]
     rows = []
     for p in info.partitions:
         local = offsets[(info.name, p.partition)]
-        with ctx.manager.lock:
-            part = ctx.manager.partition(info.topic_id, p.partition)
-            rx, ry = part.remote_bounds() if part is not None else (None, None)
-            counts = part.counts() if part is not None else {s.name: 0 for s in SegmentState}
-            remote_bytes = part.remote_size() if part is not None else 0
+        summary = ctx.manager.partition_state(info.topic_id, p.partition)
+        rx = summary.remote_start_offset if summary else None
+        ry = summary.remote_end_offset if summary else None
+        counts = summary.segment_counts if summary else {s.name: 0 for s in SegmentState}
+        remote_bytes = summary.remote_size if summary else 0
         side = status.get(f"{info.name}-{p.partition}", {})
         rows.append(
             {
@@ -200,7 +202,7 @@ def status(name: str, as_json: bool, config_file: Path | None) -> None:
     """Per partition of NAME: Lx, Ly, Lz (Kafka), Rx, Ry (remote), copy lag, segments per state, last error."""
     with admin_context(config_file) as ctx:
         info = _topic_info(ctx, name)
-        state = ctx.manager.state.topic(name)
+        state = ctx.manager.topic_state(name)
         tiering = state[1] if state is not None and state[0] == info.topic_id else None
         rows = partition_rows(ctx, info)
     if as_json:
@@ -264,9 +266,11 @@ cluster.add_command(
 def cluster_status(as_json: bool, config_file: Path | None) -> None:
     """Cluster-wide switches and every topic with a tiering state."""
     with admin_context(config_file) as ctx:
-        flags = {"upload_paused": ctx.manager.state.cluster.upload_paused,
-                 "rolled_back": ctx.manager.state.cluster.rolled_back}  # fmt: skip
-        topics = [{"topic": n, **vars_or_none(t)} for n, t in ctx.manager.state.topics.values()]  # type: ignore[dict-item]
+        cluster_flags = ctx.manager.cluster_state()
+        flags = {"upload_paused": cluster_flags.upload_paused, "rolled_back": cluster_flags.rolled_back}
+        with ctx.manager.lock:
+            entries = list(ctx.manager.state.topics.values())
+        topics = [{"topic": n, **(vars_or_none(t) or {})} for n, t in entries]
     if as_json:
         click.echo(json.dumps({"cluster": flags, "topics": topics}))
         return

@@ -5,9 +5,8 @@ deleted partition has no leader."""
 from __future__ import annotations
 
 from metadata import PartitionDeleteRecord
-from metadata.partition import DELETE_FINISHED
 from metadata.records import topic_id_str
-from segment_fsm import PartitionDeleteState
+from segment_fsm import PartitionDeleteState, SegmentState
 from tiering.logs import get_logger
 from tiering.objects import partition_prefix
 from tiering.sidecar.context import SidecarContext
@@ -41,9 +40,7 @@ def delete_partitions_of_deleted_topics(ctx: SidecarContext, live_topic_ids: set
             if current is None or current < state:
                 ctx.manager.publish(record(state))
         task = PartitionTask(ctx, topic, topic_id, num)
-        with ctx.manager.lock:
-            p = ctx.manager.partition(topic_id, num)
-            segments = [s for s in p.segments() if s.state != DELETE_FINISHED] if p is not None else []
+        segments = [s for s in ctx.manager.segments(topic_id, num) if s.state != SegmentState.DELETE_SEGMENT_FINISHED]
         if not all(task.delete_copy(s, epoch, token) for s in segments):
             continue
         leftovers = ctx.store.list_keys(partition_prefix(ctx.prefix, topic, topic_id, num) + "/")

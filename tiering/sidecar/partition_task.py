@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metadata import SegmentRecord
-from metadata.partition import DELETE_STARTED, FINISHED, STARTED, RemoteSegment
+from metadata.partition import RemoteSegment
 from segment_fsm import SegmentState, TopicTiering
 from tiering.copier import LocalSegment, SegmentGone
 from tiering.errors import ConfigError, FormatError, TieringError
@@ -111,9 +111,8 @@ class PartitionTask:
         if settings is not None:
             self._remote_retention(local, offsets, settings, epoch, token)
         self._sweep(epoch, token, offsets)
-        with self.ctx.manager.lock:
-            p = self.ctx.manager.partition(self.topic_id, self.partition)
-            self.ctx.metrics.remote_log_size_bytes.labels(**self.labels).set(p.remote_size() if p else 0)
+        summary = self.ctx.manager.partition_state(self.topic_id, self.partition)
+        self.ctx.metrics.remote_log_size_bytes.labels(**self.labels).set(summary.remote_size if summary else 0)
 
     # -- facts ------------------------------------------------------------------------------
     def _local_segments(self, partition_dir: Path) -> list[tuple[LocalSegmentInfo, SegmentFiles]]:
@@ -128,10 +127,10 @@ class PartitionTask:
         return out
 
     def _offsets(self, local: LocalOffsets) -> PartitionOffsets:
-        with self.ctx.manager.lock:
-            p = self.ctx.manager.partition(self.topic_id, self.partition)
-            rx, ry = p.remote_bounds() if p is not None else (None, None)
-        return PartitionOffsets(local.lx, local.ly, local.lz, rx, ry)
+        summary = self.ctx.manager.partition_state(self.topic_id, self.partition)
+        if summary is None:
+            return PartitionOffsets(local.lx, local.ly, local.lz)
+        return PartitionOffsets(local.lx, local.ly, local.lz, summary.remote_start_offset, summary.remote_end_offset)
 
     def _update_lag(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets) -> None:
         lag_bytes = lag_segments = 0
@@ -248,9 +247,7 @@ class PartitionTask:
         target = local_retention_target([s for s, _ in local], offsets, settings, self.ctx.now_ms())
         if target is None:
             return
-        with self.ctx.manager.lock:
-            p = self.ctx.manager.partition(self.topic_id, self.partition)
-            holder = p.segment_for_offset(target - 1) if p is not None else None
+        holder = self.ctx.manager.segment_for_offset(self.topic_id, self.partition, target - 1)
         if holder is None:
             raise TieringError(f"{self.topic}-{self.partition}: no finished copy holds offset {target - 1}")
         ref = SegmentRef(self.topic, self.topic_id, self.partition, holder.base_offset,
@@ -263,9 +260,7 @@ class PartitionTask:
 
     def _remote_retention(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets,
                           settings: RetentionSettings, epoch: int, token: int) -> None:  # fmt: skip
-        with self.ctx.manager.lock:
-            p = self.ctx.manager.partition(self.topic_id, self.partition)
-            finished = p.segments(frozenset({FINISHED})) if p is not None else []
+        finished = self.ctx.manager.segments(self.topic_id, self.partition, [SegmentState.COPY_SEGMENT_FINISHED])
         if not finished:
             return
         infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, s.size, s.max_timestamp)
@@ -285,12 +280,11 @@ class PartitionTask:
         """Finish what crashed sidecars left: stale STARTED copies, unfinished deletions, orphans."""
         timeout_ms = self.ctx.settings.copy_started_timeout_seconds * 1000
         now = self.ctx.now_ms()
-        with self.ctx.manager.lock:
-            p = self.ctx.manager.partition(self.topic_id, self.partition)
-            pending = p.segments(frozenset({STARTED, DELETE_STARTED})) if p is not None else []
-            known = {s.segment_id for s in p.segments()} if p is not None else set()
-        for seg in pending:
-            if now - seg.event_time > timeout_ms or seg.state == DELETE_STARTED:
+        every = self.ctx.manager.segments(self.topic_id, self.partition)
+        known = {s.segment_id for s in every}
+        for seg in every:
+            stale = seg.state == SegmentState.COPY_SEGMENT_STARTED and now - seg.event_time > timeout_ms
+            if stale or seg.state == SegmentState.DELETE_SEGMENT_STARTED:
                 self.delete_copy(seg, epoch, token)
         if offsets.ry is None:
             return
