@@ -40,23 +40,26 @@ class UnknownVersion(TieringError):
 
 
 def topic_id_bytes(topic_id: str) -> bytes:
-    """Kafka's base64 topic id (22 characters) as its 16 raw bytes."""
-    raw = base64.urlsafe_b64decode(topic_id + "==")
-    if len(raw) != 16:
-        raise ValueError(f"topic id {topic_id!r} is not a 16-byte Kafka Uuid")
-    return raw
+    """Kafka's base64 topic id (22 characters, URL-safe or standard alphabet) as its 16 raw bytes."""
+    try:
+        if len(topic_id) != 22:
+            raise ValueError("not 22 characters")
+        return base64.b64decode(topic_id.replace("-", "+").replace("_", "/") + "==", validate=True)
+    except ValueError as exc:  # binascii.Error is a ValueError
+        raise ValueError(f"topic id {topic_id!r} is not a Kafka Uuid (22 base64 characters): {exc}") from exc
 
 
 def topic_id_str(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _check_topic_id(value: str) -> str:
-    topic_id_bytes(value)
-    return value
+def _canonical_topic_id(value: str) -> str:
+    return topic_id_str(topic_id_bytes(value))
 
 
-TopicId = Annotated[str, AfterValidator(_check_topic_id)]  # Kafka's Uuid in its base64 form
+# Kafka's Uuid as Kafka prints it: URL-safe base64 without padding (confluent-kafka's str(Uuid) uses
+# the standard alphabet; either is accepted and stored in Kafka's form)
+TopicId = Annotated[str, AfterValidator(_canonical_topic_id)]
 
 
 class _Record(BaseModel):

@@ -130,6 +130,8 @@ def test_corrupt_snapshots_are_detected(tmp_path: Path, damage: str) -> None:
 def test_records_check_themselves_when_built() -> None:
     with pytest.raises(ValueError, match="topic_id"):
         TopicRecord(topic="orders", topic_id="not-a-uuid", action=TopicAction.ENABLE, event_time=1)
+    standard = TopicRecord(topic="orders", topic_id="f7////////8AAAAAAAAD/w", action=TopicAction.ENABLE, event_time=1)
+    assert standard.topic_id == "f7________8AAAAAAAAD_w"  # confluent-kafka's alphabet, stored in Kafka's form
     with pytest.raises(ValueError, match="topic"):
         TopicRecord(topic="", topic_id=TOPIC_ID, action=TopicAction.ENABLE, event_time=1)
     with pytest.raises(ValueError, match="end_offset"):
