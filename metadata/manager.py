@@ -13,13 +13,14 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from metadata.partition import RemotePartitionState, RemoteSegment
 from metadata.records import MetadataRecord, RecordDecodeError, UnknownVersion
 from metadata.snapshot import (
+    Snapshot,
     SnapshotCorrupt,
     SnapshotStore,
     load_snapshot,
@@ -70,40 +71,54 @@ class MetadataManager:
         self.recovered_from: str = "empty"
 
     # -- recovery ----------------------------------------------------------------------------
-    def recover_snapshot(self) -> None:
-        """Load the newest valid snapshot, local first, then remote; corrupt ones are skipped."""
+    def _snapshot_candidates(self) -> Iterator[tuple[str, Path]]:
+        """(source, local path) of every snapshot, newest first: local ones, then remote ones."""
         for path in local_snapshots(self.snapshot_dir):
-            try:
-                self.state, self.next_offsets = load_snapshot(path)
-                self.recovered_from = str(path)
-                return
-            except SnapshotCorrupt as exc:
-                log.error("skipping a corrupt snapshot", path=str(path), error=str(exc))
+            yield str(path), path
         if self.remote is None:
             return
-        for key in reversed(self.remote.list_keys(self.remote_prefix)):
-            with tempfile.TemporaryDirectory() as tmp:
-                local = Path(tmp) / "snapshot"
+        try:
+            keys = self.remote.list_keys(self.remote_prefix)
+        except Exception as exc:  # recovery still works without them: a longer replay
+            log.error("listing remote snapshots failed", prefix=self.remote_prefix, error=str(exc))
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "snapshot"
+            for key in reversed(keys):
                 try:
                     self.remote.get_file(key, local)
-                    self.state, self.next_offsets = load_snapshot(local)
-                    self.recovered_from = f"remote:{key}"
-                    return
-                except (SnapshotCorrupt, FileNotFoundError) as exc:
-                    log.error("skipping a remote snapshot", key=key, error=str(exc))
+                except Exception as exc:
+                    log.error("downloading a remote snapshot failed", key=key, error=str(exc))
+                    continue
+                yield f"remote:{key}", local
+
+    def _unusable(self, snapshot: Snapshot, end: dict[int, int]) -> str | None:
+        """Why ``snapshot`` does not belong to this WAL (another incarnation of the topic), or None."""
+        if None not in (snapshot.wal_topic_id, self.wal.topic_id) and snapshot.wal_topic_id != self.wal.topic_id:
+            return f"taken from WAL topic id {snapshot.wal_topic_id}, the WAL's id is {self.wal.topic_id}"
+        ahead = {p: o for p, o in snapshot.wal_offsets.items() if o > end.get(p, 0)}
+        return f"covers WAL offsets beyond the WAL's end: {ahead}" if ahead else None
+
+    def _recover_snapshot(self, end: dict[int, int]) -> None:
+        """Load the newest valid snapshot of this WAL; corrupt ones and other WALs' are skipped."""
+        for source, path in self._snapshot_candidates():
+            try:
+                snapshot = load_snapshot(path)
+            except SnapshotCorrupt as exc:
+                log.error("skipping a corrupt snapshot", source=source, error=str(exc))
+                continue
+            reason = self._unusable(snapshot, end)
+            if reason is not None:
+                log.error("skipping a snapshot of another WAL", source=source, reason=reason)
+                continue
+            self.state, self.next_offsets, self.recovered_from = snapshot.state, snapshot.wal_offsets, source
+            return
 
     def start(self, follow: bool = True) -> None:
         """Recover (snapshot + WAL tail to the current end), then follow the WAL in the background."""
         self.wal.ensure_topic()
-        self.recover_snapshot()
         end = self.wal.end_offsets()
-        ahead = {p: o for p, o in self.next_offsets.items() if o > end.get(p, 0)}
-        if ahead:  # the snapshot is of another incarnation of the WAL topic: never trust it
-            log.error(
-                "snapshot covers WAL offsets beyond the WAL's end; replaying the WAL from the start",
-                source=self.recovered_from, wal_topic=self.wal.topic, ahead=ahead,
-            )  # fmt: skip
-            self.state, self.next_offsets, self.recovered_from = MetadataState(), {}, "empty"
+        self._recover_snapshot(end)
         for batch in self.wal.read(self.next_offsets, until=end):
             self._apply_batch(batch)
         log.info(
@@ -220,7 +235,7 @@ class MetadataManager:
     def snapshot_now(self) -> Path:
         """Write a snapshot of the state and the WAL offsets it covers, locally and remotely."""
         with self.lock:
-            path = write_snapshot(self.snapshot_dir, self.state, dict(self.next_offsets))
+            path = write_snapshot(self.snapshot_dir, self.state, dict(self.next_offsets), self.wal.topic_id)
             self._since_snapshot = 0
             self._last_snapshot = time.monotonic()
         if self.remote is not None:

@@ -22,7 +22,7 @@ import sys
 import time
 from array import array
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, NamedTuple, Protocol
 
 import crc32c
 
@@ -92,7 +92,18 @@ def _little_endian(column: bytearray | array) -> bytearray | array:
     return swapped
 
 
-def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[bytes | bytearray | array]:
+class Snapshot(NamedTuple):
+    """A loaded snapshot: the state, the next WAL offset per WAL partition it covers, and the id of
+    the WAL topic it was taken from (None if unknown)."""
+
+    state: MetadataState
+    wal_offsets: dict[int, int]
+    wal_topic_id: str | None
+
+
+def encode_snapshot(
+    state: MetadataState, wal_offsets: dict[int, int], wal_topic_id: str | None = None
+) -> list[bytes | bytearray | array]:
     """The snapshot as buffers (prefix first): the state's own columns, not copies of them.
 
     The caller writes them out before the state changes (``MetadataManager`` holds its lock).
@@ -101,6 +112,7 @@ def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[b
     header = {
         "created_ms": int(time.time() * 1000),
         "wal_offsets": {str(k): v for k, v in sorted(wal_offsets.items())},
+        "wal_topic_id": wal_topic_id,
         "cluster": [state.cluster.upload_paused, state.cluster.rolled_back],
         "topics": [
             [
@@ -142,7 +154,7 @@ def encode_snapshot(state: MetadataState, wal_offsets: dict[int, int]) -> list[b
     return [_PREFIX.pack(MAGIC, VERSION, crc, length), *body]
 
 
-def _read_body(f: BinaryIO) -> tuple[MetadataState, dict[int, int]]:
+def _read_body(f: BinaryIO) -> Snapshot:
     def exact(n: int) -> bytes:
         data = f.read(n)
         if len(data) != n:
@@ -171,16 +183,18 @@ def _read_body(f: BinaryIO) -> tuple[MetadataState, dict[int, int]]:
         state.partitions[(topic_id_bytes(tid), num)] = p
     if f.read(1):
         raise ValueError("unexpected bytes after the last partition")
-    return state, {int(k): v for k, v in header["wal_offsets"].items()}
+    return Snapshot(state, {int(k): v for k, v in header["wal_offsets"].items()}, header["wal_topic_id"])
 
 
-def write_snapshot(directory: Path, state: MetadataState, wal_offsets: dict[int, int]) -> Path:
+def write_snapshot(
+    directory: Path, state: MetadataState, wal_offsets: dict[int, int], wal_topic_id: str | None = None
+) -> Path:
     """Write a snapshot atomically into ``directory``; returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"snapshot-{time.time_ns():020d}{SUFFIX}"
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
-        for chunk in encode_snapshot(state, wal_offsets):
+        for chunk in encode_snapshot(state, wal_offsets, wal_topic_id):
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
@@ -193,8 +207,8 @@ def write_snapshot(directory: Path, state: MetadataState, wal_offsets: dict[int,
     return path
 
 
-def load_snapshot(path: Path) -> tuple[MetadataState, dict[int, int]]:
-    """Rebuild (state, WAL offsets) from a snapshot file; SnapshotCorrupt if anything is off.
+def load_snapshot(path: Path) -> Snapshot:
+    """Rebuild a snapshot from its file; SnapshotCorrupt if anything is off.
 
     Two passes, both streamed: the checksum over the whole body first (nothing of a damaged file is
     parsed), then the columns straight into their arrays.

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import crc32c
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from metadata.records import (
@@ -25,6 +25,7 @@ from metadata.records import (
     PartitionDeleteRecord,
     SegmentRecord,
     topic_id_bytes,
+    topic_id_str,
 )
 from tiering.errors import TieringError
 from tiering.logs import get_logger
@@ -49,6 +50,7 @@ class MetadataWal:
         self.partitions = partitions
         self.timeout = timeout
         self.client_config = dict(client_config or {})
+        self.topic_id: str | None = None  # the WAL topic's Kafka id, known after ensure_topic()
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
         self._admin_client: AdminClient | None = None
@@ -68,6 +70,7 @@ class MetadataWal:
         existing = metadata.topics.get(self.topic)
         if existing is not None and existing.error is None:
             self.partitions = self._wait_ready()
+            self.topic_id = self._describe_topic_id()
             return self.partitions
         replication = min(3, len(metadata.brokers))
         topic = NewTopic(
@@ -88,6 +91,7 @@ class MetadataWal:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise WalError(f"creating metadata topic {self.topic}: {exc}") from exc
         self.partitions = self._wait_ready()
+        self.topic_id = self._describe_topic_id()
         log.info("metadata topic ready", topic=self.topic, partitions=self.partitions, replication=replication)
         return self.partitions
 
@@ -102,6 +106,14 @@ class MetadataWal:
             if time.monotonic() > deadline:
                 raise WalError(f"metadata topic {self.topic} has partitions without a leader after {self.timeout:.0f}s")
             time.sleep(0.1)
+
+    def _describe_topic_id(self) -> str:
+        future = self._admin().describe_topics(TopicCollection([self.topic]))[self.topic]
+        try:
+            raw = str(future.result(self.timeout).topic_id)
+        except Exception as exc:
+            raise WalError(f"describing metadata topic {self.topic}: {exc}") from exc
+        return topic_id_str(topic_id_bytes(raw))
 
     def partition_for(self, record: MetadataRecord) -> int:
         """The WAL partition of ``record``: by topic id + partition, by topic id, or 0 (cluster)."""

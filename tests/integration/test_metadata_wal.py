@@ -198,7 +198,7 @@ def test_corrupt_snapshots_fall_back_to_older_then_remote(stack: Endpoints, tmp_
 
 def test_a_snapshot_of_another_wal_is_not_loaded(stack: Endpoints, tmp_path: Path) -> None:
     first, second = (f"__tiering_metadata_{uuid.uuid4().hex[:8]}" for _ in range(2))
-    for topic, segments in ((first, 40), (second, 1)):  # second: as if the WAL topic was created again
+    for topic, segments in ((first, 1), (second, 40)):  # second: as if the WAL topic was created again
         wal = new_wal(stack, topic)
         wal.ensure_topic()
         bulk(wal, history(segments))
@@ -207,7 +207,7 @@ def test_a_snapshot_of_another_wal_is_not_loaded(stack: Endpoints, tmp_path: Pat
     recovered = replay(stack, second, tmp_path)
     assert recovered.recovered_from == "empty"
     assert recovered.state.digest() == replay(stack, second, tmp_path / "none").state.digest()
-    assert recovered.state.segment_count() == 1
+    assert recovered.state.segment_count() == 40
 
 
 def test_two_sidecars_compete_for_a_lease_and_the_loser_is_fenced(stack: Endpoints, tmp_path: Path) -> None:

@@ -102,8 +102,9 @@ def _populated() -> MetadataState:
 
 def test_snapshot_round_trip(tmp_path: Path) -> None:
     state = _populated()
-    path = write_snapshot(tmp_path, state, {0: 17, 3: 4})
-    loaded, offsets = load_snapshot(path)
+    path = write_snapshot(tmp_path, state, {0: 17, 3: 4}, "f7________8AAAAAAAAD_w")
+    loaded, offsets, wal_topic_id = load_snapshot(path)
+    assert wal_topic_id == "f7________8AAAAAAAAD_w"
     assert offsets == {0: 17, 3: 4}
     assert loaded.digest() == state.digest()
     p = loaded.partition(TOPIC_ID, 1)

@@ -41,7 +41,7 @@ from pathlib import Path
 from metadata.snapshot import load_snapshot
 gc.collect()
 before = psutil.Process().memory_info().rss
-state, _ = load_snapshot(Path(sys.argv[1]))
+state = load_snapshot(Path(sys.argv[1])).state
 gc.collect()
 after = psutil.Process().memory_info().rss
 print(after - before, state.segment_count())
