@@ -1,7 +1,8 @@
 """The facade the sidecar and the CLI use: recover, publish durably, query.
 
-``start()`` recovers: the newest valid snapshot (local, else remote), then the WAL tail up to the
-end offsets seen at start; then a follower thread keeps applying new WAL records. ``publish(record)``
+``start()`` recovers: the newest valid snapshot of this WAL (local, else remote; corrupt ones and
+those of another incarnation of the WAL topic are skipped), then the WAL tail up to the end
+offsets seen at start; then a follower thread keeps applying new WAL records. ``publish(record)``
 writes the record durably and waits until this process has applied it, returning whether the state
 machine accepted it (a fenced or illegal transition is rejected identically on every replica).
 Snapshots are written every ``snapshot_every_records`` applied records or ``snapshot_every_seconds``.
