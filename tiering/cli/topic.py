@@ -141,8 +141,12 @@ def rollback(name: str, delete_remote: bool, config_file: Path | None) -> None:
     """
     with admin_context(config_file) as ctx:
         info = _topic_info(ctx, name)
-        _publish_topic(ctx, info, TopicAction.ROLLBACK)
-        click.echo(f"{name}: rolled back; the broker's retention now governs its local log")
+        current = ctx.manager.topic_state(name)
+        if current is not None and current[0] == info.topic_id and current[1].rolled_back:
+            click.echo(f"{name}: already rolled back")
+        else:
+            _publish_topic(ctx, info, TopicAction.ROLLBACK)
+            click.echo(f"{name}: rolled back; the broker's retention now governs its local log")
         if delete_remote:
             deleted = _delete_remote(ctx, info)
             click.echo(f"{name}: deleted {deleted} remote segment copies and every object under the topic's prefix")

@@ -69,13 +69,13 @@ class PartitionTask:
         self.partition = partition
         self.status = PartitionStatus()
         self.labels = {"topic": topic, "partition": str(partition)}
-        self.corrupt: dict[int, int] = {}  # base offset -> size when found corrupt (skip until it changes)
+        self.corrupt: dict[int, tuple[int, str]] = {}  # base offset -> (size, error): skipped until the size changes
 
     # -- the tick ---------------------------------------------------------------------------
     def step(self, facts: PartitionFacts) -> None:
+        self.status.last_error = None  # set again below by whatever fails in this step
         try:
             self._step(facts)
-            self.status.last_error = None
         except OffsetViolation as exc:
             self.ctx.metrics.offset_violations.labels(**self.labels).inc()
             self._error(str(exc))
@@ -178,7 +178,9 @@ class PartitionTask:
     def _copy(self, seg: LocalSegmentInfo, end: int, local: list[tuple[LocalSegmentInfo, SegmentFiles]], epoch: int,
               token: int) -> bool:  # fmt: skip
         """Copy one segment through the FSM; True when it finished (so the next one may follow)."""
-        if self.corrupt.get(seg.base_offset) == seg.size:
+        known = self.corrupt.get(seg.base_offset)
+        if known is not None and known[0] == seg.size:
+            self.status.last_error = known[1]  # still corrupt: keep reporting it, never upload it
             return False
         index = next(i for i, (s, _) in enumerate(local) if s.base_offset == seg.base_offset)
         files, next_base = local[index][1], local[index + 1][0].base_offset
@@ -189,13 +191,14 @@ class PartitionTask:
         try:
             manifest = self.ctx.copier.copy(ref, LocalSegment(files, next_base), size=seg.size)
         except (SegmentGone, FormatError, RemoteStoreError) as exc:
+            message = f"copy of {files.log} failed: {exc}"
             if isinstance(exc, FormatError):
-                self.corrupt[seg.base_offset] = seg.size
+                self.corrupt[seg.base_offset] = (seg.size, message)
                 self.ctx.metrics.corrupt_segments.labels(**self.labels).inc()
             if isinstance(exc, RemoteStoreError):
                 self.ctx.metrics.store_unavailable.inc()
             self.ctx.metrics.copy_errors.labels(**self.labels).inc()
-            self._error(f"copy of {files.log} failed: {exc}")
+            self._error(message)
             self._abandon(ref, end, seg, epoch, token)
             return False
         if self.ctx.leases is not None and not self.ctx.leases.is_held(self.topic_id, self.partition):

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, TypeVar
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, EndpointConnectionError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
 from tiering.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
 from tiering.stores.config import S3StoreConfig
@@ -63,7 +63,7 @@ class S3Store:
             if code in _MISSING:
                 raise ObjectNotFound(key) from exc
             raise RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {code} {exc}") from exc
-        except (EndpointConnectionError, ConnectionError) as exc:
+        except (ConnectionError, HTTPClientError) as exc:  # refused, reset, closed early, timed out
             raise StoreUnavailable(self.endpoint, exc) from exc
         except BotoCoreError as exc:
             raise RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {exc}") from exc
