@@ -89,13 +89,27 @@ class KafkaCluster:
     def __init__(self, bootstrap: str, *, timeout: float = 15.0, **client_config: Any) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
-        self.admin = AdminClient({"bootstrap.servers": bootstrap, **client_config})
+        self._config = {"bootstrap.servers": bootstrap, **client_config}
+        self.admin = AdminClient(self._config)
 
     def topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
-        """Describe topics; a missing topic raises KafkaClusterError naming it."""
+        """Describe topics; a missing topic raises KafkaClusterError naming it.
+
+        After a broker dies, librdkafka's admin client may keep waiting for it as the controller; a
+        timed-out describe is retried once on a fresh client, which learns the live brokers anew.
+        """
         names = list(names)
         if not names:
             return {}
+        try:
+            return self._describe(names)
+        except KafkaClusterError as exc:
+            if "Timed out" not in str(exc) and "no answer" not in str(exc):
+                raise
+            self.admin = AdminClient(self._config)
+            return self._describe(names)
+
+    def _describe(self, names: list[str]) -> dict[str, TopicInfo]:
         described = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
         resources = [ConfigResource("topic", n) for n in names]
         configs = self.admin.describe_configs(resources, request_timeout=self.timeout)
