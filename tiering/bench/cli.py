@@ -6,6 +6,7 @@ import click
 
 from tiering.bench.decode import decode
 from tiering.bench.metadata import metadata
+from tiering.bench.upload import upload
 
 
 @click.group()
@@ -19,3 +20,4 @@ def bench() -> None:
 
 bench.add_command(decode)
 bench.add_command(metadata)
+bench.add_command(upload)

@@ -49,6 +49,9 @@ class S3Store:
             max_concurrency=config.max_concurrency,
             use_threads=config.max_concurrency > 1,
         )
+        # The memory bound: parts read ahead of the upload, times the part size (boto3 does not take it
+        # as an argument; s3transfer reads the attribute).
+        self.transfer.max_in_memory_upload_chunks = config.max_concurrency
         self.sse: dict[str, str] = {}
         if config.sse:
             self.sse["ServerSideEncryption"] = config.sse
