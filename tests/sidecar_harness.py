@@ -18,15 +18,21 @@ from tiering.formats import iter_batches, list_segments, mapped
 Produced = dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]]
 
 
-def write_config(stack: Endpoints, tmp_path: Path, broker: int = 1, **overrides: Any) -> Path:
-    """A sidecar YAML config for ``broker`` of the stack, storing segments in the stack's MinIO."""
+def write_config(
+    stack: Endpoints, tmp_path: Path, broker: int = 1, prefix: str | None = None, **overrides: Any
+) -> Path:
+    """A sidecar YAML config for ``broker`` of the stack, storing segments in the stack's MinIO.
+
+    Sidecars of one cluster share ``prefix`` and ``metadata_topic`` (pass both); by default each
+    config gets fresh ones, so tests do not see each other's data.
+    """
     config = {
         "bootstrap_servers": stack.bootstrap,
         "log_dirs": [stack.broker(broker).log_dir],
         "broker_id": broker,
         "state_dir": str(tmp_path / f"state-{broker}"),
         "remote_storage": {
-            "kind": "s3", "bucket": stack.s3.bucket, "prefix": f"it-{uuid.uuid4().hex[:8]}",
+            "kind": "s3", "bucket": stack.s3.bucket, "prefix": prefix or f"it-{uuid.uuid4().hex[:8]}",
             "endpoint_url": stack.s3.endpoint_url, "region": stack.s3.region, "path_style": True,
             "access_key_id": stack.s3.access_key, "secret_access_key": stack.s3.secret_key,
             "part_size": 5 << 20, "max_attempts": 2, "connect_timeout": 2, "read_timeout": 10,
