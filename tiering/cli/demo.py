@@ -14,7 +14,12 @@ from rich.table import Table
 from deploy import stack
 from deploy.cli import default_stack_dir
 from deploy.errors import StackError
+from deploy.sidecar_config import write_sidecar_config
+from tiering.cli.topic import enable, status
+from tiering.config import load_settings
 from tiering.formats import iter_batches, list_segments, mapped, scan_headers
+from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.runner import Sidecar
 
 console = Console()
 
@@ -91,11 +96,13 @@ def show_sample(partition_dir: Path, count: int = 5) -> None:
     show_default=True,
     help="Megabytes of records to produce.",
 )
-def demo(stack_dir: Path, megabytes: int) -> None:
-    """Start the local stack, produce to a topic with small segments, and show what Kafka wrote.
+@click.pass_context
+def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
+    """The whole loop on the local stack: produce, tier, delete locally, show the status.
 
-    Shows the partition's segments (rolled ones are what the sidecar tiers) and a sample of records
-    decoded straight from the broker's segment files.
+    Starts the stack, produces to a topic with 1 MiB segments, shows the segments and a sample decoded
+    from the broker's files, enables tiering with local.retention.bytes=2 MiB, runs the sidecar until
+    the uploaded segments are gone from the broker's disk, and prints the topic's tiering status.
     """
     console.rule("1. the local stack")
     try:
@@ -114,3 +121,27 @@ def demo(stack_dir: Path, megabytes: int) -> None:
     console.rule("3. the broker's segments")
     show_segments(partition_dir)
     show_sample(partition_dir)
+
+    console.rule("4. enable tiering (local.retention.bytes = 2 MiB) and run the sidecar")
+    config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
+    console.print(f"sidecar configuration: {config}")
+    click_ctx.invoke(enable, name=topic, local_retention_ms=-2, local_retention_bytes=2 * 1024 * 1024,
+                     config_file=config)  # fmt: skip
+    ctx = SidecarContext.build(load_settings(config))
+    sidecar = Sidecar(ctx)
+    sidecar.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            sidecar.tick()
+            offsets = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)]
+            if offsets.lx > 0 and len(list_segments(partition_dir)) <= 4:
+                break
+            time.sleep(1)
+    finally:
+        sidecar.stop()
+        sidecar.close()
+    console.rule("5. the broker's segments after local retention (older data now lives in S3)")
+    show_segments(partition_dir)
+    console.rule("6. tiering status")
+    click_ctx.invoke(status, name=topic, as_json=False, config_file=config)
