@@ -1,11 +1,12 @@
 """Moving segment bytes to and from the remote store (Kafka's RemoteStorageManager, in spirit).
 
-``copy`` validates the segment (every batch's CRC), then uploads the ``.log`` streamed from the
-open file, the ``.indexes`` blob, and the manifest last. It reads through file descriptors opened
-before anything else, so Kafka renaming the segment to ``.deleted`` meanwhile does not matter, and
-only up to the size the segment had when the copy started. On any failure it deletes what it wrote
-(a cleanup failure is logged and never hides the first error) and raises. It knows nothing of the
-metadata WAL: the caller writes COPY_SEGMENT_STARTED before and COPY_SEGMENT_FINISHED after.
+``copy`` validates the segment (every batch's CRC, read in windows so memory stays bounded), then
+uploads the ``.log`` streamed from the open file, the ``.indexes`` blob, and the manifest last. It
+reads through file descriptors opened before anything else, so Kafka renaming the segment to
+``.deleted`` meanwhile does not matter, and only up to the size the segment had when the copy
+started. On any failure it deletes what it wrote (a cleanup failure is logged and never hides the
+first error) and raises. It knows nothing of the metadata WAL: the caller writes
+COPY_SEGMENT_STARTED before and COPY_SEGMENT_FINISHED after.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import crc32c
 
 from tiering.errors import TieringError
-from tiering.formats import SegmentFiles, mapped_fd, segment_file_name, summarize_buffer
+from tiering.formats import SegmentFiles, segment_file_name, summarize_fd
 from tiering.logs import get_logger
 from tiering.objects import INDEX_PARTS, Manifest, SegmentRef
 from tiering.ratelimit import RateLimiter
@@ -112,10 +113,8 @@ class SegmentCopier:
             files.callback(os.close, log_fd)
             extras = {name: _read_optional(path) for name, path in self._index_files(segment).items()}
             length = os.fstat(log_fd).st_size if size is None else size
-            with mapped_fd(log_fd) as buf:
-                summary = summarize_buffer(str(segment.files.log), buf, min(length, len(buf)))
-                length = summary.size
-                log_crc = crc32c.crc32c(buf[:length])
+            summary, log_crc = summarize_fd(str(segment.files.log), log_fd, min(length, os.fstat(log_fd).st_size))
+            length = summary.size
             parts: dict[str, tuple[int, int]] = {}
             position = 0
             for name in INDEX_PARTS:

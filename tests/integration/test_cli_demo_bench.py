@@ -18,6 +18,10 @@ def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
     assert result.exit_code == 0, result.output
     assert "rolled" in result.output and "active" in result.output
     assert "first records decoded from 00000000000000000000.log" in result.output
+    assert "enabled tiering for demo-orders-" in result.output
+    after = result.output.split("5. the broker's segments after local retention")[1]
+    status = after.split("6. tiering status")[1]
+    assert "enabled" in status and "last error" in status
 
 
 def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -110,3 +111,27 @@ def test_summarize_segment_validates_and_summarizes(tmp_path: Path) -> None:
     path.write_bytes(bytes(damaged))
     with pytest.raises(FormatError, match=str(path)):
         summarize_segment(path)
+
+
+def test_streamed_validation_matches_the_whole_file_and_reports_absolute_positions(tmp_path: Path) -> None:
+    import crc32c
+
+    from tiering.formats import summarize_fd
+
+    path = tmp_path / "00000000000000000000.log"
+    data = b"".join(encode_batch(i * 50, sample_records(50, i), codec=i % 5) for i in range(40))
+    path.write_bytes(data + b"\x00" * 100)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        summary, crc = summarize_fd(str(path), fd, len(data) + 100, window=4096)
+        assert summary == summarize_segment(path)
+        assert summary.size == len(data) and crc == crc32c.crc32c(data)
+        damaged = bytearray(data)
+        damaged[len(data) - 30] ^= 1
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(FormatError) as info:
+            summarize_fd(str(path), fd, len(data), window=4096)
+        last_batch = list(scan_headers(str(path), bytes(damaged)))[-1]
+        assert info.value.position == last_batch.position
+    finally:
+        os.close(fd)

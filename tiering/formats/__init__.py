@@ -28,6 +28,7 @@ from tiering.formats.layout import (
     parse_partition_dir,
     segment_file_name,
     summarize_buffer,
+    summarize_fd,
     summarize_segment,
 )
 from tiering.formats.records import (
@@ -71,6 +72,7 @@ __all__ = [
     "scan_headers",
     "segment_file_name",
     "summarize_buffer",
+    "summarize_fd",
     "summarize_segment",
     "verify_batches",
 ]

@@ -16,8 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import crc32c
+
 from tiering.errors import FormatError
-from tiering.formats.batch import BatchHeader
+from tiering.formats.batch import BatchHeader, TruncatedBatchError
 from tiering.formats.indexes import parse_time_index, read_file
 from tiering.formats.records import verify_batches
 
@@ -149,26 +151,81 @@ def summarize_segment(path: Path, size: int | None = None) -> SegmentSummary:
         return summarize_buffer(str(path), buf, len(buf) if size is None else min(size, len(buf)))
 
 
+class _Summarizer:
+    """Accumulates batch headers (absolute positions) into a SegmentSummary."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.first: BatchHeader | None = None
+        self.last: BatchHeader | None = None
+        self.last_end = 0
+        self.count = 0
+        self.max_ts = -1
+        self.epochs: list[int] = []
+
+    def add(self, header: BatchHeader, position: int) -> None:
+        if self.last is not None and header.base_offset <= self.last.last_offset:
+            raise FormatError(
+                self.name, position, f"offsets go backwards: {header.base_offset} follows {self.last.last_offset}"
+            )
+        if self.first is None:
+            self.first = header
+        self.last = header
+        self.last_end = position + header.size
+        self.count += 1
+        self.max_ts = max(self.max_ts, header.max_timestamp)
+        if not self.epochs or self.epochs[-1] != header.partition_leader_epoch:
+            self.epochs.append(header.partition_leader_epoch)
+
+    def result(self) -> SegmentSummary:
+        if self.first is None or self.last is None:
+            raise FormatError(self.name, 0, "segment holds no record batch")
+        return SegmentSummary(
+            self.name, self.first.base_offset, self.last.last_offset, self.max_ts, self.last_end, self.count,
+            tuple(self.epochs),
+        )  # fmt: skip
+
+
 def summarize_buffer(name: str, buf: bytes | memoryview, end: int) -> SegmentSummary:
-    """``summarize_segment`` over bytes already in hand (an mmap of an open file descriptor)."""
-    first: BatchHeader | None = None
-    last: BatchHeader | None = None
-    count = 0
-    max_ts = -1
-    epochs: list[int] = []
+    """``summarize_segment`` over bytes already in hand."""
+    acc = _Summarizer(name)
     for header in verify_batches(name, buf, 0, end):
-        if first is None:
-            first = header
-        elif last is not None and header.base_offset <= last.last_offset:
-            message = f"offsets go backwards: {header.base_offset} follows {last.last_offset}"
-            raise FormatError(name, header.position, message)
-        last = header
-        count += 1
-        max_ts = max(max_ts, header.max_timestamp)
-        if not epochs or epochs[-1] != header.partition_leader_epoch:
-            epochs.append(header.partition_leader_epoch)
-    if first is None or last is None:
-        raise FormatError(name, 0, "segment holds no record batch")
-    return SegmentSummary(
-        name, first.base_offset, last.last_offset, max_ts, last.position + last.size, count, tuple(epochs)
-    )
+        acc.add(header, header.position)
+    return acc.result()
+
+
+def summarize_fd(name: str, fd: int, length: int, window: int = 8 << 20) -> tuple[SegmentSummary, int]:
+    """Validate the first ``length`` bytes of an open file, reading ``window`` bytes at a time.
+
+    Returns the summary and the CRC-32C of the segment's bytes ``[0, summary.size)``. Memory stays
+    bounded by the window plus the largest batch, whatever the segment size. Errors name absolute
+    byte positions in ``name``.
+    """
+    acc = _Summarizer(name)
+    crc = 0
+    buf = b""
+    base = 0  # file position of buf[0]
+    read_to = 0
+    while True:
+        if read_to < length:
+            chunk = os.pread(fd, min(window, length - read_to), read_to)
+            if not chunk:
+                raise FormatError(name, read_to, f"file ended at byte {read_to}, expected {length} bytes")
+            read_to += len(chunk)
+            buf += chunk
+        consumed = 0
+        try:
+            for header in verify_batches(name, buf, 0, len(buf)):
+                acc.add(header, base + header.position)
+                consumed = header.position + header.size
+                crc = crc32c.crc32c(buf[header.position : consumed], crc)
+        except TruncatedBatchError as exc:
+            if read_to >= length:
+                raise TruncatedBatchError(name, base + exc.position, exc.reason) from exc
+        except FormatError as exc:
+            raise type(exc)(name, base + exc.position, exc.reason) from exc
+        else:
+            if consumed < len(buf) or read_to >= length:
+                return acc.result(), crc  # end of data: the whole length, or a zero-filled tail
+        buf = buf[consumed:]
+        base += consumed
