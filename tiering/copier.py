@@ -138,7 +138,7 @@ class SegmentCopier:
                 created_ms=int(time.time() * 1000),
             )
             with self.slots:
-                self._upload(ref, _FileRange(log_fd, length, self.limiter), length, indexes, manifest)
+                self._upload(ref, log_fd, length, indexes, manifest)
             return manifest
 
     def _index_files(self, segment: LocalSegment) -> dict[str, Path]:
@@ -151,10 +151,14 @@ class SegmentCopier:
             "leader_epoch": segment.leader_epoch_checkpoint(),
         }
 
-    def _upload(self, ref: SegmentRef, body: _FileRange, length: int, indexes: bytes, manifest: Manifest) -> None:
+    def _upload(self, ref: SegmentRef, log_fd: int, length: int, indexes: bytes, manifest: Manifest) -> None:
         log_key, index_key, manifest_key = ref.keys(self.prefix)
+        by_path = f"/proc/self/fd/{log_fd}"  # the open descriptor: a rename to .deleted does not matter
         try:
-            self.store.put_file(log_key, body, length)
+            if self.limiter is None and os.fstat(log_fd).st_size == length and os.path.exists(by_path):
+                self.store.put_path(log_key, by_path, length)  # parts read from disk as they are sent
+            else:  # rate limited, or only a prefix of the file is the segment: stream through a file object
+                self.store.put_file(log_key, _FileRange(log_fd, length, self.limiter), length)
             self.store.put_bytes(index_key, indexes)
             self.store.put_bytes(manifest_key, manifest.encode())
         except BaseException as first:

@@ -41,6 +41,9 @@ class RemoteStore(Protocol):
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         """Upload ``length`` bytes read from ``fileobj`` (positioned at the start) to ``key``."""
 
+    def put_path(self, key: str, path: str, length: int) -> None:
+        """Upload the file at ``path`` (exactly ``length`` bytes), read from disk part by part."""
+
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
     def get_range(self, key: str, start: int, end: int) -> bytes:

@@ -48,6 +48,10 @@ class FileSystemStore:
             tmp.unlink(missing_ok=True)
             raise
 
+    def put_path(self, key: str, path: str, length: int) -> None:
+        with open(path, "rb") as f:
+            self.put_file(key, f, length)
+
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_file(key, io.BytesIO(data), len(data))
 
