@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.procs import free_port
 from deploy.stack import Endpoints
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
@@ -37,7 +40,8 @@ def test_tiering_loop_uploads_deletes_locally_and_loses_nothing(stack: Endpoints
     originals = snapshot_segments(partition_dir, tmp_path / "originals")
     assert len(originals) > 20
 
-    config = write_config(stack, tmp_path)
+    metrics_port = free_port()
+    config = write_config(stack, tmp_path, metrics_port=metrics_port)
     runner = CliRunner()
     enabled = runner.invoke(
         main, ["topic", "enable", topic, "--local-retention-bytes", str(LOCAL_RETENTION_BYTES), "--config", str(config)]
@@ -69,6 +73,8 @@ def test_tiering_loop_uploads_deletes_locally_and_loses_nothing(stack: Endpoints
         finished = ctx.manager.segments(topic_id, 0, [SegmentState.COPY_SEGMENT_FINISHED])
         state = ctx.manager.partition_state(topic_id, 0)
         local = offsets()
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
     finally:
         sidecar.stop()
         sidecar.close()
@@ -92,6 +98,17 @@ def test_tiering_loop_uploads_deletes_locally_and_loses_nothing(stack: Endpoints
         assert combined[offset][:3] == (key, value, headers), f"offset {offset} differs"
     markers = [o for o, v in combined.items() if v[3]]
     assert len(markers) == 2  # the COMMIT and ABORT markers
+
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+        if s.labels == {"topic": topic, "partition": "0"}
+    }
+    assert samples["tiering_remote_copy_segments_total"] == len(finished)
+    assert samples["tiering_remote_copy_bytes_total"] == sum(s.size for s in finished)
+    assert samples["tiering_remote_copy_lag_segments"] == 0
+    assert samples["tiering_local_retention_offsets_total"] == local.lx
 
     status = runner.invoke(main, ["topic", "status", topic, "--json", "--config", str(config)])
     assert status.exit_code == 0, status.output
