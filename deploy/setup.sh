@@ -26,4 +26,4 @@ python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 
 echo "setup: fetching Kafka jars and building MinIO (first time only; minutes)"
-tiering dev fetch
+python3 -m tiering dev fetch
