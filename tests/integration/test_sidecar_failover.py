@@ -40,7 +40,7 @@ def produce(bootstrap: str, topic: str, start: int, count: int, produced: dict[i
         producer.produce(topic, value=f"record-{i}-".encode() * 6, on_delivery=report)
         if i % 2000 == 0:
             producer.poll(0)
-    assert producer.flush(120) == 0 and not errors, errors[:3]
+    assert producer.flush(240) == 0 and not errors, errors[:3]
 
 
 def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: Endpoints, tmp_path: Path) -> None:
@@ -66,7 +66,10 @@ def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: E
         assert old_leader is not None
         old_epoch = observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].leader_epoch
         wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
-        stack_mod.kill_broker(stack3, old_leader, hard=True)  # while it is still uploading (rate limited)
+        # The leader's broker goes away while its sidecar is still uploading (rate limited). SIGTERM: a
+        # controlled shutdown, as in a rolling restart; a SIGKILL of a KRaft voter on two loaded cores
+        # can leave the controller quorum flapping for minutes, which tests Kafka, not the sidecar.
+        stack_mod.kill_broker(stack3, old_leader, hard=False)
         sidecars[old_leader].stop()
         ry_at_failover = observer.manager.partition_state(topic_id, 0).remote_end_offset
         produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
