@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import struct
 import uuid
+from abc import abstractmethod
 from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -78,9 +79,9 @@ class _Record(BaseModel):
     fencing_token: int = Field(default=0, ge=0)
     event_time: int
 
+    @abstractmethod
     def raw(self) -> tuple:
         """The record's fields in ``parse`` order (ids as raw bytes, enums as ints)."""
-        raise NotImplementedError
 
     def _common(self) -> tuple[int, int, int, int]:
         return self.broker_id, self.leader_epoch, self.fencing_token, self.event_time

@@ -29,6 +29,7 @@ from metadata.records import (
 )
 from tiering.errors import TieringError
 from tiering.logs import get_logger
+from tiering.produce import produce_waiting
 
 log = get_logger(__name__)
 
@@ -195,12 +196,7 @@ class MetadataWal:
     def produce_async(self, partition: int, payload: bytes) -> None:
         """Queue a write without waiting (bulk loading, benchmarks); ``flush`` waits for all of them."""
         producer = self._ensure_producer()
-        while True:
-            try:
-                producer.produce(self.topic, value=payload, partition=partition)
-                return
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, self.topic, value=payload, partition=partition)
 
     def flush(self) -> None:
         if self._producer is not None and self._producer.flush(self.timeout * 4) != 0:

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tiering.bench.realstack import bench_stack, stack_dir_option
 from tiering.formats import iter_batches, list_segments, mapped, scan_headers
+from tiering.produce import produce_waiting
 
 
 def _produce_segments(bootstrap: str, log_dir: Path, megabytes: int, compression: str) -> list[Path]:
@@ -42,12 +43,7 @@ def _produce_segments(bootstrap: str, log_dir: Path, megabytes: int, compression
         size = 100 + (i * 37) % 900
         value = payload[(i * 13) % 4000 : (i * 13) % 4000 + size]
         headers = [("trace-id", f"{i:016x}".encode()), ("source", b"bench")] if i % 4 == 0 else None
-        while True:
-            try:
-                producer.produce(topic, key=f"user-{i % 5000}".encode(), value=value, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, key=f"user-{i % 5000}".encode(), value=value, headers=headers)
         produced += size + 30
         i += 1
     if producer.flush(120) != 0:

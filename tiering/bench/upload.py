@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tiering.bench.realstack import bench_stack, stack_dir_option
 from tiering.formats import list_segments
+from tiering.produce import produce_waiting
 
 _CHILD = "from tiering.bench.upload import child_main; child_main()"
 
@@ -94,12 +95,7 @@ def _produce(bootstrap: str, log_dir: Path, megabytes: int) -> list[Path]:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20})
     value = os.urandom(8192)
     for i in range((megabytes * 1024 * 1024) // 8192 + 1):
-        while True:
-            try:
-                producer.produce(topic, key=str(i).encode(), value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, key=str(i).encode(), value=value)
     if producer.flush(300) != 0:
         raise click.ClickException("producing the benchmark data did not finish")
     return [s.log for s in list_segments(log_dir / f"{topic}-0")[:-1]]

@@ -18,6 +18,7 @@ from deploy.sidecar_config import write_sidecar_config
 from tiering.cli.topic import enable, status
 from tiering.config import load_settings
 from tiering.formats import iter_batches, list_segments, mapped, scan_headers
+from tiering.produce import produce_waiting
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
 
@@ -32,14 +33,9 @@ def _produce(bootstrap: str, topic: str, megabytes: int) -> int:
     while sent < target:
         note = "x" * (i % 400)
         value = f'{{"order": {i}, "customer": "c-{i % 977}", "amount": {i % 1000 / 10:.2f}, "note": "{note}"}}'
-        while True:
-            try:
-                producer.produce(
-                    topic, key=f"c-{i % 977}".encode(), value=value.encode(), headers=[("source", b"demo")]
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(
+            producer, topic, key=f"c-{i % 977}".encode(), value=value.encode(), headers=[("source", b"demo")]
+        )
         sent += len(value) + 10
         i += 1
     if producer.flush(120) != 0:
