@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 
 class StackError(TieringError):

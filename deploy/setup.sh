@@ -20,7 +20,8 @@ done
 export PATH="$PATH:/usr/local/go/bin"
 
 echo "setup: installing the Python package and test extras"
-python3 -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v -E "^WARNING: Running pip as the 'root' user|^\[notice\]" || true
+# A failed install fails the setup (and CI): pip's exit status is the step's, only its root warning is hidden.
+PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
 # pyenv's pip hook does not rehash for `python3 -m pip`: make the new `tiering` script visible.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi

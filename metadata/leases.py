@@ -20,8 +20,8 @@ from collections.abc import Callable
 import etcd3gw
 from etcd3gw.lease import Lease
 
-from tiering.errors import TieringError
-from tiering.logs import get_logger
+from tiering_core.errors import TieringError
+from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -32,7 +32,7 @@ from metadata.snapshot import (
 from metadata.state import ACCEPTED, ApplyResult, ClusterTiering, MetadataState
 from metadata.wal import MetadataWal, WalError
 from segment_fsm import SegmentState, TopicTiering
-from tiering.logs import get_logger
+from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 _RECENT = 65536  # rejections kept for publishers waiting on their own records

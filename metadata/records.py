@@ -21,7 +21,7 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from segment_fsm import PartitionDeleteState, SegmentState, TopicAction
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 VERSION = 1
 MAGIC = 0xA7

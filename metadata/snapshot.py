@@ -30,7 +30,7 @@ from metadata.partition import COLUMNS_Q, PartitionSegments
 from metadata.records import topic_id_bytes, topic_id_str
 from metadata.state import ClusterTiering, MetadataState
 from segment_fsm import Fence, PartitionDeleteState, TopicTiering
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 MAGIC = b"TSNP"
 VERSION = 1

@@ -27,9 +27,9 @@ from metadata.records import (
     topic_id_bytes,
     topic_id_str,
 )
-from tiering.errors import TieringError
-from tiering.logs import get_logger
-from tiering.produce import produce_waiting
+from tiering_core.errors import TieringError
+from tiering_core.logs import get_logger
+from tiering_core.produce import produce_waiting
 
 log = get_logger(__name__)
 

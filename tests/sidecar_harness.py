@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from deploy.stack import Endpoints
 from tiering.config import SidecarSettings, load_settings
-from tiering.formats import iter_batches, list_segments, mapped
+from tiering_core.formats import iter_batches, list_segments, mapped
 
 Produced = dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]]
 

@@ -20,8 +20,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from tiering.errors import ConfigError
-from tiering.stores.config import FileSystemStoreConfig, StoreConfig
+from tiering_core.errors import ConfigError
+from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
 
 class SidecarSettings(BaseSettings):

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import crc32c
 
-from tiering.errors import TieringError
-from tiering.formats import SegmentFiles, segment_file_name, summarize_fd
-from tiering.logs import get_logger
-from tiering.objects import INDEX_PARTS, Manifest, SegmentRef
-from tiering.ratelimit import RateLimiter
-from tiering.stores.base import RemoteStore
+from tiering_core.errors import TieringError
+from tiering_core.formats import SegmentFiles, segment_file_name, summarize_fd
+from tiering_core.logs import get_logger
+from tiering_core.objects import INDEX_PARTS, Manifest, SegmentRef
+from tiering_core.ratelimit import RateLimiter
+from tiering_core.stores.base import RemoteStore
 
 log = get_logger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from tiering.logs import get_logger
+from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 

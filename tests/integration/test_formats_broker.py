@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from deploy.kafka import run_kafka_tool
 from deploy.stack import Endpoints
 from tests.conftest import create_topic
-from tiering.formats import (
+from tiering_core.formats import (
     RecordBatch,
     control_marker,
     iter_batches,

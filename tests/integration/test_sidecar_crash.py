@@ -18,9 +18,9 @@ from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.integration.test_sidecar_policies import cli, produce
 from tests.sidecar_harness import settings, snapshot_segments, wait_for, write_config
-from tiering.objects import SegmentRef
 from tiering.sidecar.context import SidecarContext
-from tiering.stores.s3 import S3Store
+from tiering_core.objects import SegmentRef
+from tiering_core.stores.s3 import S3Store
 
 pytestmark = pytest.mark.integration
 

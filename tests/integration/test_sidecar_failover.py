@@ -17,9 +17,9 @@ from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.integration.test_sidecar_policies import cli
 from tests.sidecar_harness import decoded_offsets, settings, wait_for, write_config
-from tiering.objects import SegmentRef
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core.objects import SegmentRef
 
 pytestmark = pytest.mark.integration
 FINISHED = [SegmentState.COPY_SEGMENT_FINISHED]

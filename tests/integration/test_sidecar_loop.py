@@ -24,9 +24,9 @@ from tests.sidecar_harness import (
     write_config,
 )
 from tiering.cli.main import main
-from tiering.objects import SegmentRef
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core.objects import SegmentRef
 
 pytestmark = pytest.mark.integration
 

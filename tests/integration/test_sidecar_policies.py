@@ -20,10 +20,10 @@ from tests.conftest import create_topic
 from tests.fault_proxy import TcpProxy
 from tests.sidecar_harness import decoded_offsets, settings, wait_for, write_config
 from tiering.cli.main import main
-from tiering.formats import list_segments
-from tiering.objects import SegmentRef
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core.formats import list_segments
+from tiering_core.objects import SegmentRef
 
 pytestmark = pytest.mark.integration
 SEGMENT = 64 * 1024

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deploy.stack import Endpoints
-from tiering.stores import ObjectNotFound, S3Store, S3StoreConfig, StoreUnavailable
+from tiering_core.stores import ObjectNotFound, S3Store, S3StoreConfig, StoreUnavailable
 
 pytestmark = pytest.mark.integration
 

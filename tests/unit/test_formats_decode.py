@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.kafka_encoder import encode_batch, sample_records
-from tiering.errors import FormatError, UnsupportedFormatError
-from tiering.formats import (
+from tiering_core.errors import FormatError, UnsupportedFormatError
+from tiering_core.formats import (
     TruncatedBatchError,
     control_marker,
     iter_batches,
@@ -18,7 +18,7 @@ from tiering.formats import (
     scan_headers,
     summarize_segment,
 )
-from tiering.formats.records import Record
+from tiering_core.formats.records import Record
 
 
 @pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
@@ -116,7 +116,7 @@ def test_summarize_segment_validates_and_summarizes(tmp_path: Path) -> None:
 def test_streamed_validation_matches_the_whole_file_and_reports_absolute_positions(tmp_path: Path) -> None:
     import crc32c
 
-    from tiering.formats import summarize_fd
+    from tiering_core.formats import summarize_fd
 
     path = tmp_path / "00000000000000000000.log"
     data = b"".join(encode_batch(i * 50, sample_records(50, i), codec=i % 5) for i in range(40))

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.kafka_encoder import encode_batch, sample_records
-from tiering.errors import FormatError
-from tiering.formats import iter_batches, scan_headers
+from tiering_core.errors import FormatError
+from tiering_core.formats import iter_batches, scan_headers
 
 SEGMENT = b"".join(encode_batch(i * 20, sample_records(20, i), codec=i % 5, leader_epoch=i) for i in range(6))
 

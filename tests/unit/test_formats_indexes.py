@@ -8,8 +8,8 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from tiering.errors import FormatError
-from tiering.formats import (
+from tiering_core.errors import FormatError
+from tiering_core.formats import (
     list_segments,
     parse_leader_epoch_checkpoint,
     parse_offset_index,

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiering.errors import ConfigError
 from tiering.policy import (
     LocalSegmentInfo,
     OffsetViolation,
@@ -17,6 +16,7 @@ from tiering.policy import (
     next_segment_to_copy,
     remote_segments_to_expire,
 )
+from tiering_core.errors import ConfigError
 
 
 def segs(*bases: int, size: int = 100, ts: int = 0) -> list[LocalSegmentInfo]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tiering.ratelimit import RateLimiter
-from tiering.stores import FileSystemStore, ObjectNotFound, RemoteStoreError
+from tiering_core.ratelimit import RateLimiter
+from tiering_core.stores import FileSystemStore, ObjectNotFound, RemoteStoreError
 
 
 def test_put_get_range_list_delete(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import click
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tiering.bench.realstack import bench_stack, stack_dir_option
-from tiering.formats import iter_batches, list_segments, mapped, scan_headers
-from tiering.produce import produce_waiting
+from deploy.bench_stack import bench_stack, stack_dir_option
+from tiering_core.formats import iter_batches, list_segments, mapped, scan_headers
+from tiering_core.produce import produce_waiting
 
 
 def _produce_segments(bootstrap: str, log_dir: Path, megabytes: int, compression: str) -> list[Path]:

@@ -24,12 +24,12 @@ from pathlib import Path
 import click
 from confluent_kafka.admin import AdminClient
 
+from deploy.bench_stack import bench_stack, stack_dir_option
 from metadata import MetadataManager, MetadataWal, SegmentRecord
 from metadata.records import EPOCH_ENTRY, unparse
 from metadata.snapshot import load_snapshot
 from segment_fsm import SegmentState
-from tiering.bench.realstack import bench_stack, stack_dir_option
-from tiering.logs import get_logger
+from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 

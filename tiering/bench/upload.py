@@ -21,9 +21,9 @@ import psutil
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tiering.bench.realstack import bench_stack, stack_dir_option
-from tiering.formats import list_segments
-from tiering.produce import produce_waiting
+from deploy.bench_stack import bench_stack, stack_dir_option
+from tiering_core.formats import list_segments
+from tiering_core.produce import produce_waiting
 
 _CHILD = "from tiering.bench.upload import child_main; child_main()"
 
@@ -33,9 +33,9 @@ def child_main() -> None:
     import boto3
 
     from tiering.copier import LocalSegment, SegmentCopier
-    from tiering.objects import SegmentRef
-    from tiering.stores.config import S3StoreConfig
-    from tiering.stores.s3 import S3Store
+    from tiering_core.objects import SegmentRef
+    from tiering_core.stores.config import S3StoreConfig
+    from tiering_core.stores.s3 import S3Store
 
     side, spec = sys.argv[1], json.loads(sys.argv[2])
     config = S3StoreConfig(**spec["s3"])

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from tiering.config import SidecarSettings, load_settings
-from tiering.errors import TieringError
 from tiering.sidecar.context import SidecarContext
+from tiering_core.errors import TieringError
 
 config_option = click.option(
     "--config",

@@ -17,10 +17,10 @@ from deploy.errors import StackError
 from deploy.sidecar_config import write_sidecar_config
 from tiering.cli.topic import enable, status
 from tiering.config import load_settings
-from tiering.formats import iter_batches, list_segments, mapped, scan_headers
-from tiering.produce import produce_waiting
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core.formats import iter_batches, list_segments, mapped, scan_headers
+from tiering_core.produce import produce_waiting
 
 console = Console()
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from tiering import logs
 from tiering.cli.common import config_option, settings_from
-from tiering.errors import TieringError
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core import logs
+from tiering_core.errors import TieringError
 
 
 @click.group()

@@ -18,13 +18,13 @@ from rich.table import Table
 from metadata import ClusterRecord, TopicRecord
 from segment_fsm import SegmentState, TopicAction
 from tiering.cli.common import admin_context, config_option
-from tiering.errors import ConfigError, TieringError
-from tiering.kafka_cluster import KafkaClusterError, TopicInfo
-from tiering.objects import partition_prefix
 from tiering.policy import RetentionSettings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.status import read_status
+from tiering_core.errors import ConfigError, TieringError
+from tiering_core.kafka_cluster import KafkaClusterError, TopicInfo
+from tiering_core.objects import partition_prefix
 
 console = Console()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 
 class OffsetViolation(TieringError):

@@ -18,9 +18,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tiering.errors import ConfigError
 from tiering.policy.copy import LocalSegmentInfo
 from tiering.policy.offsets import PartitionOffsets
+from tiering_core.errors import ConfigError
 
 UNLIMITED = -1
 SAME_AS_TOTAL = -2

@@ -12,11 +12,11 @@ from metadata import EtcdLeases, MetadataManager, MetadataWal
 from metadata.snapshot import SnapshotStore
 from tiering.config import SidecarSettings
 from tiering.copier import SegmentCopier
-from tiering.kafka_cluster import KafkaCluster
 from tiering.metrics import SidecarMetrics
-from tiering.ratelimit import RateLimiter
-from tiering.stores.base import ObjectNotFound, RemoteStore
-from tiering.stores.factory import open_store
+from tiering_core.kafka_cluster import KafkaCluster
+from tiering_core.ratelimit import RateLimiter
+from tiering_core.stores.base import ObjectNotFound, RemoteStore
+from tiering_core.stores.factory import open_store
 
 
 class StoreSnapshots:

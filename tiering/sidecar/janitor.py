@@ -7,10 +7,10 @@ from __future__ import annotations
 from metadata import PartitionDeleteRecord
 from metadata.records import topic_id_str
 from segment_fsm import PartitionDeleteState, SegmentState
-from tiering.logs import get_logger
-from tiering.objects import partition_prefix
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.partition_task import PartitionTask
+from tiering_core.logs import get_logger
+from tiering_core.objects import partition_prefix
 
 log = get_logger(__name__)
 

@@ -18,11 +18,6 @@ from metadata import SegmentRecord
 from metadata.partition import RemoteSegment
 from segment_fsm import SegmentState, TopicTiering
 from tiering.copier import LocalSegment, SegmentGone
-from tiering.errors import ConfigError, FormatError, TieringError
-from tiering.formats import SegmentFiles, list_segments
-from tiering.kafka_cluster import LocalOffsets, TopicInfo
-from tiering.logs import get_logger
-from tiering.objects import SegmentRef, parse_key
 from tiering.policy import (
     LocalSegmentInfo,
     OffsetViolation,
@@ -34,7 +29,12 @@ from tiering.policy import (
     remote_segments_to_expire,
 )
 from tiering.sidecar.context import SidecarContext
-from tiering.stores.base import RemoteStoreError
+from tiering_core.errors import ConfigError, FormatError, TieringError
+from tiering_core.formats import SegmentFiles, list_segments
+from tiering_core.kafka_cluster import LocalOffsets, TopicInfo
+from tiering_core.logs import get_logger
+from tiering_core.objects import SegmentRef, parse_key
+from tiering_core.stores.base import RemoteStoreError
 
 log = get_logger(__name__)
 

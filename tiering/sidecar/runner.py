@@ -9,13 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 from metadata.records import topic_id_str
-from tiering.formats import find_partition_dirs
-from tiering.logs import get_logger
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.janitor import delete_partitions_of_deleted_topics
 from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
 from tiering.sidecar.status import write_status
 from tiering.watch import SegmentWatcher
+from tiering_core.formats import find_partition_dirs
+from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -1,11 +1,11 @@
 """Kafka's on-disk formats: record batches v2, records, indexes and partition metadata files.
 
-Every parser raises ``tiering.errors.FormatError`` (path, byte position, reason) on bad input and
+Every parser raises ``tiering_core.errors.FormatError`` (path, byte position, reason) on bad input and
 nothing else. See docs/kafka-formats.md for the layouts and their sources.
 """
 
-from tiering.formats.batch import HEADER_SIZE, BatchHeader, TruncatedBatchError, scan_headers
-from tiering.formats.indexes import (
+from tiering_core.formats.batch import HEADER_SIZE, BatchHeader, TruncatedBatchError, scan_headers
+from tiering_core.formats.indexes import (
     AbortedTxn,
     EpochEntry,
     OffsetIndexEntry,
@@ -18,7 +18,7 @@ from tiering.formats.indexes import (
     parse_txn_index,
     read_topic_id,
 )
-from tiering.formats.layout import (
+from tiering_core.formats.layout import (
     SegmentFiles,
     SegmentSummary,
     find_partition_dirs,
@@ -31,7 +31,7 @@ from tiering.formats.layout import (
     summarize_fd,
     summarize_segment,
 )
-from tiering.formats.records import (
+from tiering_core.formats.records import (
     ControlMarker,
     Record,
     RecordBatch,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from tiering.stores.base import ObjectNotFound, RemoteStoreError
+from tiering_core.stores.base import ObjectNotFound, RemoteStoreError
 
 _CHUNK = 1 << 20
 

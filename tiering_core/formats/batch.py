@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from tiering.errors import FormatError, UnsupportedFormatError
+from tiering_core.errors import FormatError, UnsupportedFormatError
 
 HEADER = struct.Struct(">qiiBIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61

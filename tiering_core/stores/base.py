@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import BinaryIO, Protocol
 
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 
 class RemoteStoreError(TieringError):

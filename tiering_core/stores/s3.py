@@ -18,8 +18,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-from tiering.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
-from tiering.stores.config import S3StoreConfig
+from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
+from tiering_core.stores.config import S3StoreConfig
 
 T = TypeVar("T")
 _MISSING = {"NoSuchKey", "404", "NotFound"}

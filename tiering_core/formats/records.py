@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import crc32c
 
-from tiering.errors import FormatError
-from tiering.formats.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, scan_headers
-from tiering.formats.compression import decompress
+from tiering_core.errors import FormatError
+from tiering_core.formats.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, scan_headers
+from tiering_core.formats.compression import decompress
 
 Header = tuple[str, bytes | None]
 

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 
 class KafkaClusterError(TieringError):

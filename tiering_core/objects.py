@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from tiering.errors import TieringError
+from tiering_core.errors import TieringError
 
 MANIFEST_VERSION = 1
 INDEX_PARTS = ("offset", "time", "txn", "producer_snapshot", "leader_epoch")

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import crc32c
 
-from tiering.errors import FormatError
+from tiering_core.errors import FormatError
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")

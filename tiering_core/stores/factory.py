@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tiering.stores.base import RemoteStore
-from tiering.stores.config import FileSystemStoreConfig, S3StoreConfig
-from tiering.stores.filesystem import FileSystemStore
-from tiering.stores.s3 import S3Store
+from tiering_core.stores.base import RemoteStore
+from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig
+from tiering_core.stores.filesystem import FileSystemStore
+from tiering_core.stores.s3 import S3Store
 
 
 def open_store(config: S3StoreConfig | FileSystemStoreConfig) -> RemoteStore:

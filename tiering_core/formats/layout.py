@@ -18,10 +18,10 @@ from pathlib import Path
 
 import crc32c
 
-from tiering.errors import FormatError
-from tiering.formats.batch import BatchHeader, TruncatedBatchError
-from tiering.formats.indexes import parse_time_index, read_file
-from tiering.formats.records import verify_batches
+from tiering_core.errors import FormatError
+from tiering_core.formats.batch import BatchHeader, TruncatedBatchError
+from tiering_core.formats.indexes import parse_time_index, read_file
+from tiering_core.formats.records import verify_batches
 
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 _SEGMENT_LOG = re.compile(r"^(?P<base>\d{20})\.log$")

@@ -14,7 +14,7 @@ import zlib
 
 import cramjam
 
-from tiering.errors import FormatError
+from tiering_core.errors import FormatError
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = 16
