@@ -21,12 +21,12 @@ from pathlib import Path
 
 import crc32c
 
-from tiering_core.errors import TieringError
-from tiering_core.formats import SegmentFiles, segment_file_name, summarize_fd
+from tiering_core.errors import FormatError, TieringError
+from tiering_core.formats import VALIDATION_WINDOW, SegmentFiles, segment_file_name, summarize_fd
 from tiering_core.logs import get_logger
 from tiering_core.objects import INDEX_PARTS, Manifest, SegmentRef
 from tiering_core.ratelimit import RateLimiter
-from tiering_core.stores.base import RemoteStore
+from tiering_core.stores.base import RemoteStore, RemoteStoreError
 
 log = get_logger(__name__)
 
@@ -93,16 +93,19 @@ class LocalSegment:
 
 class SegmentCopier:
     def __init__(self, store: RemoteStore, prefix: str, *, limiter: RateLimiter | None = None,
-                 max_concurrent: int = 2) -> None:  # fmt: skip
+                 max_concurrent: int = 2, window: int = VALIDATION_WINDOW) -> None:  # fmt: skip
         self.store = store
+        self.window = window  # bytes read at a time while validating a segment
         self.prefix = prefix
         self.limiter = limiter
         self.slots = threading.BoundedSemaphore(max_concurrent)
 
     def copy(self, ref: SegmentRef, segment: LocalSegment, size: int | None = None) -> Manifest:
-        """Copy the segment's bytes ``[0, size)`` (default: its current size) under ``ref``'s keys.
+        """Copy the rolled segment's bytes ``[0, size)`` (default: its current size) under ``ref``'s keys.
 
-        Raises SegmentGone if the ``.log`` is gone, FormatError if it is corrupt (nothing uploaded),
+        The copy is whole or nothing: its batches must cover exactly ``size`` bytes and every offset up
+        to the next segment's base offset - 1, which the manifest then states. Raises SegmentGone if the
+        ``.log`` is gone, FormatError if it is corrupt or does not cover the segment (nothing uploaded),
         RemoteStoreError if the store fails (whatever was uploaded is deleted again).
         """
         with ExitStack() as files:
@@ -113,8 +116,13 @@ class SegmentCopier:
             files.callback(os.close, log_fd)
             extras = {name: _read_optional(path) for name, path in self._index_files(segment).items()}
             length = os.fstat(log_fd).st_size if size is None else size
-            summary, log_crc = summarize_fd(str(segment.files.log), log_fd, min(length, os.fstat(log_fd).st_size))
-            length = summary.size
+            summary, log_crc = summarize_fd(str(segment.files.log), log_fd, length, self.window)
+            if summary.last_offset != segment.next_base_offset - 1:
+                raise FormatError(
+                    str(segment.files.log), summary.size,
+                    f"batches end at offset {summary.last_offset}, but the next segment starts at "
+                    f"{segment.next_base_offset}: the segment would not be copied whole",
+                )  # fmt: skip
             parts: dict[str, tuple[int, int]] = {}
             position = 0
             for name in INDEX_PARTS:
@@ -159,6 +167,9 @@ class SegmentCopier:
                 self.store.put_path(log_key, by_path, length)  # parts read from disk as they are sent
             else:  # rate limited, or only a prefix of the file is the segment: stream through a file object
                 self.store.put_file(log_key, _FileRange(log_fd, length, self.limiter), length)
+            stored = self.store.head(log_key)
+            if stored != length:
+                raise RemoteStoreError(f"{log_key} holds {stored} bytes after the upload, expected {length}")
             self.store.put_bytes(index_key, indexes)
             self.store.put_bytes(manifest_key, manifest.encode())
         except BaseException as first:

@@ -92,6 +92,18 @@ class Manifest(BaseModel):
     def ref(self) -> SegmentRef:
         return SegmentRef(self.topic, self.topic_id, self.partition, self.base_offset, self.segment_id)
 
+    def mismatch(self, end_offset: int, log_size: int) -> str | None:
+        """Why this copy does not hold exactly offsets ``base_offset..end_offset`` (inclusive) in
+        ``log_size`` bytes, or None when it does. A copy that falls short must never be finished or
+        let local data be deleted."""
+        if (self.end_offset, self.log_size) == (end_offset, log_size):
+            return None
+        return (
+            f"copy {self.segment_id.hex} of {self.topic}-{self.partition} holds offsets "
+            f"{self.base_offset}..{self.end_offset} in {self.log_size} bytes, "
+            f"the segment offsets {self.base_offset}..{end_offset} in {log_size} bytes"
+        )
+
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
 

@@ -123,9 +123,12 @@ def test_streamed_validation_matches_the_whole_file_and_reports_absolute_positio
     path.write_bytes(data + b"\x00" * 100)
     fd = os.open(path, os.O_RDONLY)
     try:
-        summary, crc = summarize_fd(str(path), fd, len(data) + 100, window=4096)
+        summary, crc = summarize_fd(str(path), fd, len(data), window=4096)
         assert summary == summarize_segment(path)
         assert summary.size == len(data) and crc == crc32c.crc32c(data)
+        with pytest.raises(FormatError, match="zero-filled") as zeros:
+            summarize_fd(str(path), fd, len(data) + 100, window=4096)  # a rolled segment has no zero tail
+        assert zeros.value.position == len(data)
         damaged = bytearray(data)
         damaged[len(data) - 30] ^= 1
         path.write_bytes(bytes(damaged))

@@ -204,6 +204,14 @@ class PartitionTask:
         if self.ctx.leases is not None and not self.ctx.leases.is_held(self.topic_id, self.partition):
             self._error(f"{self.topic}-{self.partition}: lease lost during the copy; not finishing it")
             return False  # the new holder's sweeper removes the STARTED copy
+        short = manifest.mismatch(end, seg.size)  # COPY_SEGMENT_STARTED fixed these; FINISHED must hold them
+        if short is not None:
+            message = f"copy of {files.log} does not cover the segment, abandoned: {short}"
+            self.corrupt[seg.base_offset] = (seg.size, message)
+            self.ctx.metrics.copy_errors.labels(**self.labels).inc()
+            self._error(message)
+            self._abandon(ref, end, seg, epoch, token)
+            return False
         finished = self._record(ref, SegmentState.COPY_SEGMENT_FINISHED, end, manifest.max_timestamp,
                                 manifest.log_size, epoch, token)  # fmt: skip
         if not self._publish(finished):
@@ -250,16 +258,34 @@ class PartitionTask:
         target = local_retention_target([s for s, _ in local], offsets, settings, self.ctx.now_ms())
         if target is None:
             return
-        holder = self.ctx.manager.segment_for_offset(self.topic_id, self.partition, target - 1)
-        if holder is None:
-            raise TieringError(f"{self.topic}-{self.partition}: no finished copy holds offset {target - 1}")
-        ref = SegmentRef(self.topic, self.topic_id, self.partition, holder.base_offset,
-                         uuid.UUID(bytes=holder.segment_id))  # fmt: skip
-        self.ctx.copier.manifest(ref)  # the copy really is there (raises ObjectNotFound otherwise)
+        self._check_remote_holds(max(offsets.lx, offsets.rx or 0), target)
         new_start = self.ctx.cluster.delete_records_before(self.topic, self.partition, target)
         self.ctx.metrics.local_deleted_offsets.labels(**self.labels).inc(max(0, new_start - offsets.lx))
         log.info("local retention advanced the log start offset", topic=self.topic, partition=self.partition,
                  log_start_offset=new_start, remote_end_offset=offsets.ry)  # fmt: skip
+
+    def _check_remote_holds(self, start: int, target: int) -> None:
+        """Raise unless finished copies hold every offset in ``[start, target)``, as their manifests say.
+
+        Local data goes only when its remote copy is really there: each copy's manifest is read and
+        must state the offsets and size its COPY_SEGMENT_STARTED fixed and hold the offset in question
+        (one small GET per copy, only for the segments being released).
+        """
+        offset = start
+        while offset < target:
+            holder = self.ctx.manager.segment_for_offset(self.topic_id, self.partition, offset)
+            if holder is None:
+                raise TieringError(f"{self.topic}-{self.partition}: no finished copy holds offset {offset}; "
+                                   f"local data below {target} is kept")  # fmt: skip
+            ref = SegmentRef(self.topic, self.topic_id, self.partition, holder.base_offset,
+                             uuid.UUID(bytes=holder.segment_id))  # fmt: skip
+            manifest = self.ctx.copier.manifest(ref)  # raises ObjectNotFound if the copy is gone
+            problem = manifest.mismatch(holder.end_offset, holder.size)
+            if problem is None and not manifest.base_offset <= offset <= manifest.end_offset:
+                problem = f"its manifest does not hold offset {offset}"
+            if problem is not None:
+                raise TieringError(f"{self.topic}-{self.partition}: local data below {target} is kept: {problem}")
+            offset = manifest.end_offset + 1
 
     def _remote_retention(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets,
                           settings: RetentionSettings, epoch: int, token: int) -> None:  # fmt: skip

@@ -19,6 +19,7 @@ from tiering_core.formats.indexes import (
     read_topic_id,
 )
 from tiering_core.formats.layout import (
+    VALIDATION_WINDOW,
     SegmentFiles,
     SegmentSummary,
     find_partition_dirs,
@@ -43,6 +44,7 @@ from tiering_core.formats.records import (
 
 __all__ = [
     "HEADER_SIZE",
+    "VALIDATION_WINDOW",
     "AbortedTxn",
     "BatchHeader",
     "ControlMarker",

@@ -19,12 +19,13 @@ from pathlib import Path
 import crc32c
 
 from tiering_core.errors import FormatError
-from tiering_core.formats.batch import BatchHeader, TruncatedBatchError
+from tiering_core.formats.batch import LOG_OVERHEAD, BatchHeader, TruncatedBatchError
 from tiering_core.formats.indexes import parse_time_index, read_file
 from tiering_core.formats.records import verify_batches
 
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 _SEGMENT_LOG = re.compile(r"^(?P<base>\d{20})\.log$")
+VALIDATION_WINDOW = 8 << 20  # bytes of a segment read at a time while validating it for a copy
 
 
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
@@ -194,38 +195,64 @@ def summarize_buffer(name: str, buf: bytes | memoryview, end: int) -> SegmentSum
     return acc.result()
 
 
-def summarize_fd(name: str, fd: int, length: int, window: int = 8 << 20) -> tuple[SegmentSummary, int]:
-    """Validate the first ``length`` bytes of an open file, reading ``window`` bytes at a time.
+def summarize_fd(name: str, fd: int, length: int, window: int = VALIDATION_WINDOW) -> tuple[SegmentSummary, int]:
+    """Validate a rolled segment: exactly the bytes ``[0, length)`` of an open file, ``window`` at a time.
 
-    Returns the summary and the CRC-32C of the segment's bytes ``[0, summary.size)``. Memory stays
-    bounded by the window plus the largest batch, whatever the segment size. Errors name absolute
-    byte positions in ``name``.
+    A rolled segment is immutable and Kafka trims it to its data, so its batches must cover the
+    ``length`` bytes exactly (``summary.size == length``). A zero length field, a zero-filled or
+    partial tail, or a file shorter than ``length`` raises FormatError: a scan that ends early must
+    never pass for the end of the segment, or a copy would hold only part of it. A window edge may
+    fall anywhere, also inside a batch header whose first bytes are zero (the high bytes of a small
+    base offset); the bytes after a window's last whole batch are scanned again with the next window.
+
+    Returns the summary and the CRC-32C of the bytes ``[0, length)``. Memory stays bounded by the
+    window plus the largest batch, whatever the segment size. Errors name absolute byte positions in
+    ``name`` (TruncatedBatchError for a batch cut by the end of ``length``).
     """
+    if window < 1:
+        raise ValueError(f"window must be at least 1 byte, not {window}")
     acc = _Summarizer(name)
     crc = 0
     buf = b""
     base = 0  # file position of buf[0]
-    read_to = 0
-    while True:
+    while base < length:
+        read_to = base + len(buf)
         if read_to < length:
             chunk = os.pread(fd, min(window, length - read_to), read_to)
             if not chunk:
                 raise FormatError(name, read_to, f"file ended at byte {read_to}, expected {length} bytes")
-            read_to += len(chunk)
             buf += chunk
+        final = base + len(buf) >= length
         consumed = 0
         try:
             for header in verify_batches(name, buf, 0, len(buf)):
                 acc.add(header, base + header.position)
                 consumed = header.position + header.size
                 crc = crc32c.crc32c(buf[header.position : consumed], crc)
-        except TruncatedBatchError as exc:
-            if read_to >= length:
+        except TruncatedBatchError as exc:  # cut by the window's end: more bytes are needed
+            if final or _past_end(buf, exc.position, base, length):
                 raise TruncatedBatchError(name, base + exc.position, exc.reason) from exc
         except FormatError as exc:
             raise type(exc)(name, base + exc.position, exc.reason) from exc
         else:
-            if consumed < len(buf) or read_to >= length:
-                return acc.result(), crc  # end of data: the whole length, or a zero-filled tail
+            # the scan stopped on zero bytes: under 12 of them at a window's end may be a header cut by
+            # the edge; anywhere else (a zero length field, a zero-filled tail) it is not a batch
+            left = len(buf) - consumed
+            if left and (final or left >= LOG_OVERHEAD):
+                raise FormatError(
+                    name, base + consumed,
+                    f"no record batch at byte {base + consumed} (zero length field or zero-filled bytes) in a "
+                    f"rolled segment of {length} bytes: its batches must cover it exactly",
+                )  # fmt: skip
         buf = buf[consumed:]
         base += consumed
+    return acc.result(), crc
+
+
+def _past_end(buf: bytes, position: int, base: int, length: int) -> bool:
+    """Whether the batch at ``buf[position:]`` claims to extend past byte ``length`` of the file
+    (reading further windows could not complete it: fail now, not after buffering the rest)."""
+    if len(buf) - position < LOG_OVERHEAD:
+        return False
+    size = int.from_bytes(buf[position + 8 : position + 12], "big", signed=True) + LOG_OVERHEAD
+    return base + position + size > length

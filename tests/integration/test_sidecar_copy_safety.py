@@ -1,0 +1,108 @@
+"""Data safety of the copy path on the real stack: a copy covers its segment exactly before local data goes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Producer
+
+from deploy.stack import Endpoints
+from segment_fsm import SegmentState
+from tests.conftest import create_topic
+from tests.sidecar_harness import decoded_offsets, local_offsets, settings, snapshot_segments, wait_for, write_config
+from tiering.cli.main import main
+from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.runner import Sidecar
+from tiering_core.formats import VALIDATION_WINDOW, scan_headers
+from tiering_core.objects import SegmentRef
+
+pytestmark = pytest.mark.integration
+FINISHED = [SegmentState.COPY_SEGMENT_FINISHED]
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@contextmanager
+def running(config: Path) -> Iterator[tuple[SidecarContext, Sidecar]]:
+    ctx = SidecarContext.build(settings(config))
+    sidecar = Sidecar(ctx)
+    sidecar.start()
+    try:
+        yield ctx, sidecar
+    finally:
+        sidecar.stop()
+        sidecar.close()
+
+
+def produce_one_record_batches(bootstrap: str, topic: str, count: int, value_size: int) -> dict[int, bytes]:
+    """``count`` records of ``value_size`` bytes, one per batch (so every batch has the same size);
+    returns each acknowledged value by offset."""
+    produced: dict[int, bytes] = {}
+    producer = Producer({"bootstrap.servers": bootstrap, "batch.num.messages": 1, "linger.ms": 0,
+                         "enable.idempotence": True, "compression.type": "none"})  # fmt: skip
+
+    def report(err: object, msg: object) -> None:
+        assert err is None, f"delivery failed: {err}"
+        produced[msg.offset()] = msg.value()  # type: ignore[attr-defined]
+
+    for i in range(count):
+        value = f"{i:010d}|".encode().ljust(value_size, b"v")
+        while True:
+            try:
+                producer.produce(topic, value=value, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0 and len(produced) == count
+    return produced
+
+
+def test_window_edge_inside_a_zero_prefixed_batch_header_loses_nothing(stack: Endpoints, tmp_path: Path) -> None:
+    """Issue 7.1: 1,366-byte batches in a 12 MiB segment put the first 8 MiB validation window's edge 2 bytes
+    into a batch header whose first bytes are zero (a small base offset). The old scan took that for the end
+    of data, uploaded 8 MiB, published COPY_SEGMENT_FINISHED for the whole segment, and local retention then
+    deleted offsets 6141-9210 that were nowhere else."""
+    topic = create_topic(stack.bootstrap, segment_bytes=12 << 20)
+    produced = produce_one_record_batches(stack.bootstrap, topic, 9_300, value_size=1296)
+    partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
+    originals = snapshot_segments(partition_dir, tmp_path / "originals")
+    assert list(originals) == [0], "expected one rolled segment"
+    original = originals[0]
+    assert len(original) > VALIDATION_WINDOW
+    cut = next(h for h in scan_headers("original", original) if h.position < VALIDATION_WINDOW < h.position + h.size)
+    assert 1 <= VALIDATION_WINDOW - cut.position <= 16 and not any(original[cut.position : VALIDATION_WINDOW]), (
+        "the test data no longer puts a window edge inside a zero-prefixed batch header"
+    )
+    last_offset = max(decoded_offsets(original, "original"))
+
+    config = write_config(stack, tmp_path)
+    cli("topic", "enable", topic, "--local-retention-bytes", "1", "--config", str(config))
+    with running(config) as (ctx, sidecar):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+
+        def released() -> bool:
+            return ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx > last_offset
+
+        wait_for(released, 180, "the segment to be uploaded and released locally", step=sidecar.tick)
+        copies = ctx.manager.segments(topic_id, 0, FINISHED)
+        lz = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lz
+
+    assert len(copies) == 1 and (copies[0].base_offset, copies[0].end_offset) == (0, last_offset)
+    ref = SegmentRef(topic, topic_id, 0, 0, uuid.UUID(bytes=copies[0].segment_id))
+    manifest = ctx.copier.manifest(ref)
+    assert (manifest.base_offset, manifest.end_offset, manifest.log_size) == (0, last_offset, len(original))
+    body = ctx.store.get_bytes(ref.key(ctx.prefix, "log"))
+    assert body == original, f"the remote copy holds {len(body)} of the segment's {len(original)} bytes"
+    combined = {o: v[1] for o, v in decoded_offsets(body, "remote").items()}
+    combined.update({o: v[1] for o, v in local_offsets(partition_dir, last_offset + 1).items()})
+    assert sorted(combined) == list(range(lz)), "offsets missing from remote + local"
+    assert all(combined[o] == value for o, value in produced.items()), "a record differs from what was produced"
