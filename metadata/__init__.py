@@ -14,6 +14,7 @@ from metadata.records import (
     UnknownVersion,
     decode,
 )
+from metadata.remote_snapshots import StoreSnapshots, snapshot_prefix
 from metadata.snapshot import LocalDirSnapshotStore, SnapshotCorrupt, SnapshotStore
 from metadata.state import ApplyResult, MetadataState
 from metadata.wal import MetadataWal, WalError
@@ -35,8 +36,10 @@ __all__ = [
     "SegmentRecord",
     "SnapshotCorrupt",
     "SnapshotStore",
+    "StoreSnapshots",
     "TopicRecord",
     "UnknownVersion",
     "WalError",
     "decode",
+    "snapshot_prefix",
 ]

@@ -6,6 +6,11 @@ offsets seen at start; then a follower thread keeps applying new WAL records. ``
 writes the record durably and waits until this process has applied it, returning whether the state
 machine accepted it (a fenced or illegal transition is rejected identically on every replica).
 Snapshots are written every ``snapshot_every_records`` applied records or ``snapshot_every_seconds``.
+
+Readers (``reader/``) use it read-only: ``read_only=True`` never creates the WAL topic, never
+publishes and never writes snapshots, and ``wal_partitions`` limits recovery and following to the WAL
+partitions the reader's topics hash to (``MetadataWal.partition_of``), which keeps start-up cheap;
+``follow_more`` adds partitions later, ``catch_up`` waits until what the WAL holds now is applied.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ class MetadataManager:
     def __init__(
         self, wal: MetadataWal, snapshot_dir: Path, *, remote: SnapshotStore | None = None,
         remote_prefix: str = "metadata-snapshots", snapshot_every_records: int = 100_000,
-        snapshot_every_seconds: float = 300.0, keep_snapshots: int = 3,
+        snapshot_every_seconds: float = 300.0, keep_snapshots: int = 3, read_only: bool = False,
+        wal_partitions: Iterable[int] | None = None,
     ) -> None:  # fmt: skip
         self.wal = wal
         self.snapshot_dir = Path(snapshot_dir)
@@ -58,6 +64,8 @@ class MetadataManager:
         self.snapshot_every_records = snapshot_every_records
         self.snapshot_every_seconds = snapshot_every_seconds
         self.keep_snapshots = keep_snapshots
+        self.read_only = read_only
+        self.wal_partitions: set[int] | None = None if wal_partitions is None else set(wal_partitions)
         self.state = MetadataState()
         self.next_offsets: dict[int, int] = {}
         self.lock = threading.RLock()
@@ -97,7 +105,8 @@ class MetadataManager:
         """Why ``snapshot`` does not belong to this WAL (another incarnation of the topic), or None."""
         if None not in (snapshot.wal_topic_id, self.wal.topic_id) and snapshot.wal_topic_id != self.wal.topic_id:
             return f"taken from WAL topic id {snapshot.wal_topic_id}, the WAL's id is {self.wal.topic_id}"
-        ahead = {p: o for p, o in snapshot.wal_offsets.items() if o > end.get(p, 0)}
+        partial = self.wal_partitions is not None  # only the followed partitions' ends are known
+        ahead = {p: o for p, o in snapshot.wal_offsets.items() if (p in end or not partial) and o > end.get(p, 0)}
         return f"covers WAL offsets beyond the WAL's end: {ahead}" if ahead else None
 
     def _recover_snapshot(self, end: dict[int, int]) -> None:
@@ -117,22 +126,66 @@ class MetadataManager:
 
     def start(self, follow: bool = True) -> None:
         """Recover (snapshot + WAL tail to the current end), then follow the WAL in the background."""
-        self.wal.ensure_topic()
-        end = self.wal.end_offsets()
+        self.wal.ensure_topic(create=not self.read_only)
+        end = self.wal.end_offsets(self.wal_partitions)
         self._recover_snapshot(end)
-        for batch in self.wal.read(self.next_offsets, until=end):
-            self._apply_batch(batch)
+        self._replay(end, self.wal_partitions)
         log.info(
             "metadata recovered", source=self.recovered_from, segments=self.state.segment_count(),
             applied=self.state.counters.applied,
         )  # fmt: skip
         if follow:
-            self._follower = threading.Thread(target=self._follow, name="metadata-follower", daemon=True)
-            self._follower.start()
+            self._start_follower()
 
-    def _follow(self) -> None:
+    def _replay(self, end: dict[int, int], partitions: Iterable[int] | None) -> None:
+        for batch in self.wal.read(self.next_offsets, until=end, partitions=partitions):
+            self._apply_batch(batch)
+
+    def _start_follower(self) -> None:
+        self._stop = threading.Event()
+        self._follower = threading.Thread(
+            target=self._follow, args=(self._stop, self.wal_partitions), name="metadata-follower", daemon=True
+        )
+        self._follower.start()
+
+    def follow_more(self, partitions: Iterable[int]) -> None:
+        """Also recover and follow these WAL partitions (a no-op when all are followed already).
+
+        The state of every WAL partition was loaded from the snapshot with the offset it covers, so
+        replaying the new partitions from there is exact. The follower restarts once.
+        """
+        if self.wal_partitions is None or set(partitions) <= self.wal_partitions:
+            return
+        with self.lock:
+            self.wal_partitions = self.wal_partitions | set(partitions)
+        following = self._follower is not None
+        if following:
+            self._stop.set()
+            self._follower.join(timeout=10)  # type: ignore[union-attr]
+        self._replay(self.wal.end_offsets(self.wal_partitions), self.wal_partitions)
+        if following:
+            self._start_follower()
+
+    def catch_up(self, timeout: float = 30.0) -> None:
+        """Wait until every record the followed WAL partitions hold now is applied here.
+
+        Readers call it before trusting that an offset has no remote copy. Raises WalError after
+        ``timeout`` or when the follower has failed.
+        """
+        end = self.wal.end_offsets(self.wal_partitions)
+        deadline = time.monotonic() + timeout
+        with self._applied:
+            while any(self.next_offsets.get(p, 0) < o for p, o in end.items()):
+                if self._follower_error is not None:
+                    raise WalError(f"metadata follower failed: {self._follower_error}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WalError(f"metadata of {self.wal.topic} not caught up within {timeout:.0f}s")
+                self._applied.wait(min(remaining, 0.5))
+
+    def _follow(self, stop: threading.Event, partitions: set[int] | None) -> None:
         try:
-            for batch in self.wal.read(dict(self.next_offsets), stop=self._stop):
+            for batch in self.wal.read(dict(self.next_offsets), stop=stop, partitions=partitions):
                 self._apply_batch(batch)
                 self._maybe_snapshot()
         except BaseException as exc:
@@ -174,6 +227,8 @@ class MetadataManager:
         Raises WalError if the write fails (nothing was written, or the outcome is unknown: retry) or
         the record is not applied within ``timeout`` (it may still be applied later).
         """
+        if self.read_only:
+            raise WalError("this metadata manager is read-only (a reader): it never writes the WAL")
         part, offset = self.wal.append(record)
         deadline = time.monotonic() + timeout
         with self._applied:
@@ -227,6 +282,8 @@ class MetadataManager:
 
     # -- snapshots ---------------------------------------------------------------------------
     def _maybe_snapshot(self) -> None:
+        if self.read_only:
+            return
         due = self._since_snapshot >= self.snapshot_every_records or (
             self._since_snapshot > 0 and time.monotonic() - self._last_snapshot >= self.snapshot_every_seconds
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import crc32c
@@ -64,8 +64,11 @@ class MetadataWal:
             self._admin_client = AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config})
         return self._admin_client
 
-    def ensure_topic(self) -> int:
-        """Create the WAL topic if it does not exist; return its partition count (idempotent)."""
+    def ensure_topic(self, create: bool = True) -> int:
+        """Create the WAL topic if it does not exist; return its partition count (idempotent).
+
+        ``create=False`` (readers, which never write): a missing topic raises WalError instead.
+        """
         admin = self._admin()
         metadata = admin.list_topics(timeout=self.timeout)
         existing = metadata.topics.get(self.topic)
@@ -73,6 +76,8 @@ class MetadataWal:
             self.partitions = self._wait_ready()
             self.topic_id = self._describe_topic_id()
             return self.partitions
+        if not create:
+            raise WalError(f"metadata topic {self.topic} does not exist at {self.bootstrap}: no sidecar has run yet")
         replication = min(3, len(metadata.brokers))
         topic = NewTopic(
             self.topic,
@@ -203,10 +208,12 @@ class MetadataWal:
             raise WalError(f"writes to {self.topic} still pending after flush")
 
     # -- reading -----------------------------------------------------------------------------
-    def end_offsets(self) -> dict[int, int]:
-        """The next offset to be written in each WAL partition (high watermarks), in one request."""
+    def end_offsets(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """The next offset to be written in each WAL partition (high watermarks; ``partitions``: only
+        those, default all), in one request."""
         deadline = time.monotonic() + self.timeout
-        wanted = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self.partitions)}
+        chosen = range(self.partitions) if partitions is None else sorted(partitions)
+        wanted = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in chosen}
         while True:
             try:
                 futures = self._admin().list_offsets(wanted, request_timeout=self.timeout)
@@ -233,15 +240,17 @@ class MetadataWal:
         )
 
     def read(self, start: dict[int, int], stop: threading.Event | None = None, batch: int = 10000,
-             until: dict[int, int] | None = None) -> Iterator[list[Message]]:  # fmt: skip
+             until: dict[int, int] | None = None, partitions: Iterable[int] | None = None,
+             ) -> Iterator[list[Message]]:  # fmt: skip
         """Yield batches of WAL messages from ``start`` offsets (missing partitions: from the beginning).
 
         With ``until``, stops once every partition reached its offset there; otherwise follows the
-        WAL until ``stop`` is set, yielding empty batches while idle. Raises WalError on a fatal
-        consumer error.
+        WAL until ``stop`` is set, yielding empty batches while idle. ``partitions``: read only these
+        WAL partitions (default all). Raises WalError on a fatal consumer error.
         """
         consumer = self._consumer()
-        consumer.assign([TopicPartition(self.topic, p, start.get(p, 0)) for p in range(self.partitions)])
+        chosen = range(self.partitions) if partitions is None else sorted(partitions)
+        consumer.assign([TopicPartition(self.topic, p, start.get(p, 0)) for p in chosen])
         remaining = {p: o for p, o in (until or {}).items() if o > start.get(p, 0)}
         try:
             while True:

@@ -1,0 +1,53 @@
+"""Reading tiered data back: the remote copies of segments, and a consumer that hands over to the broker.
+
+The API, in the order a reader uses it:
+
+- ``ReaderSettings`` / ``load_reader_settings(file)``: configuration (pydantic-settings, ``TIERING_*``
+  env vars; a sidecar's configuration file works as it is).
+- ``MetadataCatalog``: the tiering metadata without a sidecar (snapshots + the WAL partitions of the
+  watched topics, followed): topic ids, finished copies, the copy holding an offset, Rx/Ry.
+- ``RemoteReader``: ``locate`` a copy (``SegmentCopy``: manifest, offset index, aborted
+  transactions), ``fetch(topic, partition, offset, max_bytes)`` whole verified record batches
+  (``RemoteFetch``, raw bytes as Kafka wrote them), ``read_range`` of a copy's ``.log``.
+- ``PartitionStream`` (``RemoteReader.stream``): sequential decoded reads with read-ahead into the
+  memory pool (hard byte cap), the next segment fetched ahead, read_committed filtering.
+- ``TieredConsumer``: ``confluent_kafka.Consumer``'s interface; offsets below the broker's log start
+  come from the remote copies, then it hands over to the broker with no gap and no duplicate.
+
+Errors (``reader.errors``): ``OffsetOutOfRange``, ``NotInRemote``, ``RemoteObjectMissing``,
+``RemoteDataCorrupt``, ``RemoteUnavailable``, all ``RemoteReadError``. Imports: ``metadata`` and
+``tiering_core`` only (never ``tiering``).
+"""
+
+from reader.catalog import MetadataCatalog
+from reader.config import ReaderSettings, load_reader_settings
+from reader.errors import (
+    NotInRemote,
+    OffsetOutOfRange,
+    RemoteDataCorrupt,
+    RemoteObjectMissing,
+    RemoteReadError,
+    RemoteUnavailable,
+    UnknownTopic,
+)
+from reader.remote import RemoteFetch, RemoteReader
+from reader.segments import SegmentCopy
+from reader.txn import AbortFilter, TxnView
+
+__all__ = [
+    "AbortFilter",
+    "MetadataCatalog",
+    "NotInRemote",
+    "OffsetOutOfRange",
+    "ReaderSettings",
+    "RemoteDataCorrupt",
+    "RemoteFetch",
+    "RemoteObjectMissing",
+    "RemoteReadError",
+    "RemoteReader",
+    "RemoteUnavailable",
+    "SegmentCopy",
+    "TxnView",
+    "UnknownTopic",
+    "load_reader_settings",
+]

@@ -1,7 +1,8 @@
 """The sidecar's configuration: pydantic-settings, from a YAML or TOML file and ``TIERING_*`` env vars.
 
 Precedence: explicit arguments, then environment variables (``TIERING_BOOTSTRAP_SERVERS``, nested with
-``__``: ``TIERING_REMOTE_STORAGE__BUCKET``), then the file given with ``--config``, then defaults.
+``__``: ``TIERING_REMOTE_STORAGE__BUCKET``), then the file given with ``--config``, then defaults
+(``tiering_core.settings``).
 """
 
 from __future__ import annotations
@@ -10,17 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-    TomlConfigSettingsSource,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tiering_core.errors import ConfigError
+from tiering_core.settings import load_settings_file
 from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
 
@@ -76,26 +70,4 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> SidecarS
 
     Raises ConfigError naming the file and the invalid fields.
     """
-    if config_file is not None and not config_file.exists():
-        raise ConfigError(f"configuration file {config_file} does not exist")
-
-    class _FromFile(SidecarSettings):
-        @classmethod
-        def settings_customise_sources(
-            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
-            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-            if config_file is not None:
-                if config_file.suffix == ".toml":
-                    sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
-                else:
-                    sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
-            return tuple(sources)
-
-    try:
-        return SidecarSettings.model_validate(_FromFile(**overrides).model_dump())
-    except (ValueError, SettingsError) as exc:  # pydantic's ValidationError is a ValueError
-        where = f" in {config_file}" if config_file else ""
-        raise ConfigError(f"invalid sidecar configuration{where}:\n{exc}") from exc
+    return load_settings_file(SidecarSettings, config_file, "sidecar configuration", **overrides)

@@ -6,42 +6,17 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from metadata import EtcdLeases, MetadataManager, MetadataWal
+from metadata.remote_snapshots import StoreSnapshots, snapshot_prefix
 from metadata.snapshot import SnapshotStore
 from tiering.config import SidecarSettings
 from tiering.copier import SegmentCopier
 from tiering.metrics import SidecarMetrics
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.ratelimit import RateLimiter
-from tiering_core.stores.base import ObjectNotFound, RemoteStore
+from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
-
-
-class StoreSnapshots:
-    """Metadata snapshots kept in the remote store (metadata declares the protocol, we implement it)."""
-
-    def __init__(self, store: RemoteStore, prefix: str) -> None:
-        self.store = store
-        self.prefix = prefix
-
-    def put_file(self, key: str, path: Path) -> None:
-        with path.open("rb") as f:
-            self.store.put_file(f"{self.prefix}/{key}", f, path.stat().st_size)
-
-    def get_file(self, key: str, path: Path) -> None:
-        try:
-            path.write_bytes(self.store.get_bytes(f"{self.prefix}/{key}"))
-        except ObjectNotFound as exc:
-            raise FileNotFoundError(key) from exc
-
-    def list_keys(self, prefix: str) -> list[str]:
-        keys = self.store.list_keys(f"{self.prefix}/{prefix}/")
-        return sorted(k.removeprefix(f"{self.prefix}/") for k in keys)
-
-    def delete(self, key: str) -> None:
-        self.store.delete([f"{self.prefix}/{key}"])
 
 
 @dataclass
@@ -75,7 +50,7 @@ class SidecarContext:
             MetadataWal(settings.bootstrap_servers, settings.metadata_topic, settings.metadata_partitions),
             settings.state_dir / "snapshots",
             remote=snapshots,
-            remote_prefix=f"metadata-snapshots/{settings.metadata_topic}",
+            remote_prefix=snapshot_prefix(settings.metadata_topic),
             snapshot_every_records=settings.snapshot_every_records if writes_snapshots else sys.maxsize,
             snapshot_every_seconds=settings.snapshot_every_seconds if writes_snapshots else float("inf"),
         )

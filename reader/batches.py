@@ -1,0 +1,57 @@
+"""Checking and splitting the batches of a byte range of a remote ``.log`` object.
+
+A ranged read starts at a batch boundary (from the offset index) and may end inside a batch; only
+complete batches are handed on, the rest is carried into the next range. Every batch served has its
+CRC-32C checked, and its offsets must lie inside the copy and grow: the CRC does not cover the
+base offset, so a damaged base offset is caught by that check (and by the whole object's CRC-32C
+when a read covers the whole object).
+"""
+
+from __future__ import annotations
+
+from reader.errors import RemoteDataCorrupt
+from tiering_core.errors import FormatError
+from tiering_core.formats import BatchHeader, scan_headers
+from tiering_core.formats.batch import LOG_OVERHEAD, MIN_LENGTH
+
+
+def complete_prefix(key: str, buf: bytes | memoryview, base_position: int) -> int:
+    """Length of the longest prefix of ``buf`` made of whole batches (by their length fields).
+
+    ``base_position`` is where ``buf`` starts in the object (for error positions). Raises
+    RemoteDataCorrupt for a length field that cannot be a v2 batch.
+    """
+    pos = 0
+    end = len(buf)
+    while end - pos >= LOG_OVERHEAD:
+        length = int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True)
+        if length < MIN_LENGTH:
+            raise RemoteDataCorrupt(
+                key, base_position + pos, f"batch length {length} is below the minimum {MIN_LENGTH}"
+            )
+        if pos + LOG_OVERHEAD + length > end:
+            break
+        pos += LOG_OVERHEAD + length
+    return pos
+
+
+def checked_headers(key: str, buf: bytes | memoryview, base_position: int, first: int, last: int,
+                    after: int) -> list[BatchHeader]:  # fmt: skip
+    """Headers of the whole batches in ``buf`` (all of it must be whole batches).
+
+    Offsets must lie in ``[first, last]`` (the copy's) and grow from above ``after`` (the last offset
+    seen before this buffer, or ``first - 1``). CRCs are checked later, by the decoder, for the batches
+    actually served. Positions in errors are positions in the object.
+    """
+    try:
+        headers = list(scan_headers(key, buf))
+    except FormatError as exc:
+        raise RemoteDataCorrupt(key, base_position + exc.position, exc.reason) from exc
+    for h in headers:
+        if h.base_offset <= after or h.last_offset > last or h.base_offset < first:
+            raise RemoteDataCorrupt(
+                key, base_position + h.position,
+                f"batch offsets {h.base_offset}..{h.last_offset} out of order or outside the copy's {first}..{last}",
+            )  # fmt: skip
+        after = h.last_offset
+    return headers

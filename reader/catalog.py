@@ -1,0 +1,151 @@
+"""A read-only metadata catalog for readers that run without a sidecar.
+
+It recovers the tiering metadata exactly as a sidecar does (the newest valid snapshot, local if
+``state_dir`` is given, else from the remote store; then the WAL tail) and keeps following the WAL,
+but only the WAL partitions that the watched topics hash to (``MetadataWal.partition_of``), so
+start-up costs what those topics cost. It never creates the WAL topic, never writes and never takes
+snapshots (``MetadataManager(read_only=True)``).
+
+Topic ids come from the Kafka cluster (the live incarnation of the name), else from the metadata.
+Offsets are inclusive. Where copies overlap (after a leader change) the choice is the metadata's own
+``segment_for_offset``: the copy of the higher leader epoch, then the later one; every reader makes
+the same choice.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from metadata import MetadataManager, MetadataWal, RemoteSegment, StoreSnapshots, snapshot_prefix
+from metadata.records import topic_id_bytes
+from reader.config import ReaderSettings
+from reader.errors import UnknownTopic
+from segment_fsm import SegmentState, TopicTiering
+from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError, TopicInfo
+from tiering_core.objects import SegmentRef
+from tiering_core.stores.base import RemoteStore
+
+_FINISHED = (SegmentState.COPY_SEGMENT_FINISHED,)
+
+
+class MetadataCatalog:
+    """Which remote copies exist, for the topics being read. Thread-safe; ``close()`` is idempotent."""
+
+    def __init__(self, settings: ReaderSettings, store: RemoteStore, cluster: KafkaCluster,
+                 topics: Iterable[str] | None = None) -> None:  # fmt: skip
+        self.settings = settings
+        self.prefix = settings.remote_storage.prefix
+        self.cluster = cluster
+        self.wal = MetadataWal(settings.bootstrap_servers, settings.metadata_topic)
+        self._watched: set[str] = set(topics) if topics is not None else set()
+        self._all = topics is None
+        self._infos: dict[str, TopicInfo] = {}
+        self._lock = threading.Lock()
+        snapshots = settings.state_dir / "snapshots" if settings.state_dir else Path(tempfile.gettempdir()) / "-none-"
+        self.manager = MetadataManager(
+            self.wal, snapshots, remote=StoreSnapshots(store, self.prefix),
+            remote_prefix=snapshot_prefix(settings.metadata_topic), read_only=True,
+        )  # fmt: skip
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> MetadataCatalog:
+        """Recover and start following. Raises WalError when the WAL topic does not exist (no sidecar yet)."""
+        self.wal.ensure_topic(create=False)
+        if not self._all:
+            self.manager.wal_partitions = self._wal_partitions(self._watched)
+        self.manager.start()
+        return self
+
+    def close(self) -> None:
+        self.manager.close()
+
+    def __enter__(self) -> MetadataCatalog:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def watch(self, topics: Iterable[str]) -> None:
+        """Make sure the metadata of these topics is recovered and followed (cheap when it already is)."""
+        new = set(topics) - self._watched
+        if not new or self._all:
+            return
+        self._watched |= new
+        self.manager.follow_more(self._wal_partitions(new))
+
+    def _wal_partitions(self, topics: Iterable[str]) -> set[int]:
+        wanted: set[int] = set()
+        for name in topics:
+            info = self.topic_info(name)
+            tid = topic_id_bytes(info.topic_id)
+            wanted.add(self.wal.partition_of(tid, None))
+            wanted.update(self.wal.partition_of(tid, p.partition) for p in info.partitions)
+        return wanted
+
+    def catch_up(self, timeout: float = 30.0) -> None:
+        """Wait until the WAL records written so far are applied (before concluding an offset is not remote)."""
+        self.manager.catch_up(timeout)
+
+    # -- topics -------------------------------------------------------------------------------
+    def topic_info(self, topic: str) -> TopicInfo:
+        """The topic as the Kafka cluster describes it now (id, partitions). Raises UnknownTopic."""
+        with self._lock:
+            info = self._infos.get(topic)
+        if info is None:
+            try:
+                info = self.cluster.topics([topic])[topic]
+            except KafkaClusterError as exc:
+                raise UnknownTopic(
+                    f"topic {topic!r} is unknown to the cluster at {self.cluster.bootstrap}: {exc}"
+                ) from exc
+            with self._lock:
+                self._infos[topic] = info
+        return info
+
+    def topic_id(self, topic: str) -> str:
+        """Kafka's id of the live topic with this name; for a deleted topic, the newest one in the metadata."""
+        try:
+            return self.topic_info(topic).topic_id
+        except UnknownTopic:
+            found = self.manager.topic_state(topic)
+            if found is None:
+                raise
+            return found[0]
+
+    def tiering(self, topic: str) -> TopicTiering | None:
+        """The topic's tiering state (enabled, download paused...), None if it was never tiered."""
+        found = self.manager.topic_state(topic)
+        if found is None or found[0] != self.topic_id(topic):
+            return None
+        return found[1]
+
+    def download_paused(self, topic: str) -> bool:
+        """``tiering topic pause-download`` is in force for the topic."""
+        tiering = self.tiering(topic)
+        return tiering is not None and tiering.download_paused
+
+    # -- segments -----------------------------------------------------------------------------
+    def copies(self, topic: str, partition: int) -> list[RemoteSegment]:
+        """The partition's COPY_SEGMENT_FINISHED copies in base-offset order (overlaps included)."""
+        return self.manager.segments(self.topic_id(topic), partition, _FINISHED)
+
+    def copy_for_offset(self, topic: str, partition: int, offset: int) -> RemoteSegment | None:
+        """The finished copy holding ``offset`` (deterministic among overlapping copies), or None."""
+        return self.manager.segment_for_offset(self.topic_id(topic), partition, offset)
+
+    def remote_offsets(self, topic: str, partition: int) -> tuple[int | None, int | None]:
+        """(Rx, Ry): remote start and end offsets (inclusive), (None, None) while nothing is remote."""
+        state = self.manager.partition_state(self.topic_id(topic), partition)
+        if state is None:
+            return None, None
+        return state.remote_start_offset, state.remote_end_offset
+
+    def ref(self, topic: str, partition: int, segment: RemoteSegment) -> SegmentRef:
+        """The object keys' identity of a copy."""
+        return SegmentRef(
+            topic, self.topic_id(topic), partition, segment.base_offset, uuid.UUID(bytes=segment.segment_id)
+        )

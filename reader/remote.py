@@ -1,0 +1,206 @@
+"""The remote partition reader: offset -> finished copy -> offset index -> ranged GETs of just the bytes needed.
+
+``RemoteReader`` owns what every remote read shares: the catalog, the fetcher (retries, rate limit,
+concurrency cap, disk cache), the index cache, the memory pool and the download threads.
+``fetch(topic, partition, offset, max_bytes)`` is one bounded read (the HTTP service's unit);
+``stream(...)`` (reader/stream.py) reads sequentially with read-ahead (the consumer's).
+
+What it serves is verified: each batch's CRC-32C, offsets inside the copy and growing, the object's
+size against the manifest (a GET asks for one byte more than the manifest's size, so a longer
+object shows), and the whole object's CRC-32C when a read covers all of it. A missing object or a
+mismatch raises an error naming the key; nothing of a damaged range is returned.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import crc32c
+
+from reader.batches import checked_headers, complete_prefix
+from reader.catalog import MetadataCatalog
+from reader.config import ReaderSettings
+from reader.errors import NotInRemote, OffsetOutOfRange, RemoteDataCorrupt, RemoteObjectMissing
+from reader.fetcher import RangeFetcher
+from reader.pool import MemoryPool
+from reader.segments import SegmentCopy, SegmentIndexCache
+from reader.txn import TxnView, transactions_for
+from tiering_core.formats import BatchHeader
+from tiering_core.kafka_cluster import KafkaCluster
+from tiering_core.logs import get_logger
+from tiering_core.stores.base import RemoteStore
+from tiering_core.stores.factory import open_store
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFetch:
+    """Whole record batches from a copy, starting with the batch holding ``offset``.
+
+    ``data`` is the batches' bytes exactly as Kafka wrote them (any Kafka client library decodes
+    them); ``headers`` their headers, positions relative to ``data``. ``next_offset`` is where the
+    next read continues.
+    """
+
+    copy: SegmentCopy
+    offset: int
+    data: bytes
+    headers: list[BatchHeader]
+    next_offset: int
+
+
+class RemoteReader:
+    """Remote reads for one cluster. Thread-safe. ``close()`` stops the download threads and the catalog."""
+
+    def __init__(self, settings: ReaderSettings, catalog: MetadataCatalog, store: RemoteStore) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.fetcher = RangeFetcher(store, settings)
+        self.indexes = SegmentIndexCache(self.fetcher, settings.remote_storage.prefix, settings.index_cache_segments)
+        self.pool = MemoryPool(settings.prefetch_pool_bytes)
+        self.executor = ThreadPoolExecutor(settings.download_max_concurrency + 1, thread_name_prefix="remote-read")
+
+    @classmethod
+    def open(cls, settings: ReaderSettings, topics: list[str] | None = None) -> RemoteReader:
+        """A reader with its own store, cluster client and started catalog (following ``topics``' metadata)."""
+        store = open_store(settings.remote_storage)
+        catalog = MetadataCatalog(settings, store, KafkaCluster(settings.bootstrap_servers), topics).start()
+        return cls(settings, catalog, store)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.catalog.close()
+
+    def __enter__(self) -> RemoteReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- locating -------------------------------------------------------------------------------
+    def locate(self, topic: str, partition: int, offset: int) -> SegmentCopy:
+        """The finished copy holding ``offset``, with its indexes; where copies leave a hole, the next copy
+        above ``offset`` (the records in between are gone, as in the broker's log).
+
+        Raises OffsetOutOfRange below the remote start, NotInRemote above the remote end; before concluding
+        either, waits until the metadata WAL's current records are applied.
+        """
+        for attempt in (0, 1):
+            found = self.catalog.copy_for_offset(topic, partition, offset)
+            if found is None:
+                found = next((c for c in self.catalog.copies(topic, partition) if c.base_offset > offset), None)
+                rx, ry = self.catalog.remote_offsets(topic, partition)
+                if found is None or (rx is not None and offset < rx):
+                    if attempt == 0:
+                        self.catalog.catch_up()
+                        continue
+                    if rx is not None and offset < rx:
+                        raise OffsetOutOfRange(topic, partition, offset, rx, None)
+                    raise NotInRemote(topic, partition, offset, ry)
+                log.warning("offsets without a remote copy skipped", topic=topic, partition=partition,
+                            offset=offset, next_copy=found.base_offset)  # fmt: skip
+            return self.indexes.get(self.catalog.ref(topic, partition, found))
+        raise AssertionError("unreachable")
+
+    def next_copy(self, copy: SegmentCopy) -> SegmentCopy | None:
+        """The copy a sequential reader continues with after ``copy`` (None when ``copy`` is the last)."""
+        ref = copy.ref
+        try:
+            return self.locate(ref.topic, ref.partition, copy.end_offset + 1)
+        except (NotInRemote, OffsetOutOfRange):
+            return None
+
+    def following(self, copy: SegmentCopy):
+        """The copies after ``copy``, in offset order, loaded lazily."""
+        current = self.next_copy(copy)
+        while current is not None:
+            yield current
+            current = self.next_copy(current)
+
+    def transactions(self, copy: SegmentCopy) -> TxnView:
+        """Aborted and unresolved transactions touching ``copy`` (reader/txn.py)."""
+        return transactions_for(copy, self.following(copy))
+
+    # -- reading --------------------------------------------------------------------------------
+    def read_range(self, copy: SegmentCopy, start: int, end: int, *, cacheable: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of the copy's ``.log``; RemoteDataCorrupt if the object is shorter or
+        longer than its manifest says; at a whole-object read, its CRC-32C is checked too."""
+        size = copy.size
+        last = end if end >= size else end - 1  # one byte past the manifest's size at the end of the object
+        data = self.fetcher.get(copy.log_key, start, last, cacheable=cacheable)
+        if end >= size:
+            if len(data) != size - start:
+                raise RemoteDataCorrupt(copy.log_key, start + len(data),
+                                        f"object has {start + len(data)}{'+' if len(data) > size - start else ''} "
+                                        f"bytes, the manifest says {size}")  # fmt: skip
+            if start == 0 and crc32c.crc32c(data) != copy.manifest.log_crc32c:
+                raise RemoteDataCorrupt(copy.log_key, 0, "CRC-32C of the object does not match the manifest")
+        elif len(data) != end - start:
+            raise RemoteDataCorrupt(copy.log_key, start + len(data), f"object ends before the manifest's size {size}")
+        return data
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> RemoteFetch:
+        """Whole batches from the one holding ``offset``, about ``max_bytes`` of them (at least one batch,
+        as Kafka's fetch). Raises OffsetOutOfRange, NotInRemote, RemoteObjectMissing, RemoteDataCorrupt,
+        RemoteUnavailable."""
+        copy = self.locate(topic, partition, offset)
+        position = copy.position_for(offset)
+        while True:  # the index is sparse: batches below ``offset`` before the one holding it are skipped
+            data, headers = self._whole_batches(copy, position, max(max_bytes, 64))
+            wanted = [h for h in headers if h.last_offset >= offset]
+            if wanted or not headers or position + len(data) >= copy.size:
+                break
+            position += len(data)
+        first = wanted[0].position if wanted else len(data)
+        data = data[first:]
+        wanted = [h._replace(position=h.position - first) for h in wanted]
+        verify_crcs(copy.log_key, data, wanted, position + first)
+        next_offset = wanted[-1].last_offset + 1 if wanted else copy.end_offset + 1
+        return RemoteFetch(copy, offset, data, wanted, next_offset)
+
+    def _whole_batches(self, copy: SegmentCopy, start: int, max_bytes: int) -> tuple[bytes, list[BatchHeader]]:
+        """About ``max_bytes`` of whole batches from ``start`` (at least one batch), with checked headers."""
+        end = min(copy.size, start + max_bytes)
+        reserved = end - start
+        self.pool.reserve(reserved)
+        try:
+            data = self._read_or_gone(copy, start, end)
+            whole = complete_prefix(copy.log_key, data, start)
+            if whole == 0 and end < copy.size:  # the first batch is larger than max_bytes: read it whole
+                length = int.from_bytes(data[8:12], "big", signed=True) + 12
+                self.pool.release(reserved)
+                reserved = min(length, copy.size - start)
+                self.pool.reserve(reserved)
+                end = start + reserved
+                data = self._read_or_gone(copy, start, end)
+                whole = complete_prefix(copy.log_key, data, start)
+            if end >= copy.size and whole != len(data):
+                raise RemoteDataCorrupt(copy.log_key, start + whole, "the object ends inside a batch")
+            data = data[:whole]
+            return data, checked_headers(copy.log_key, data, start, copy.base_offset, copy.end_offset, -1)
+        finally:
+            self.pool.release(reserved)
+
+    def _read_or_gone(self, copy: SegmentCopy, start: int, end: int) -> bytes:
+        """``read_range``; a missing object whose copy retention deleted meanwhile is OffsetOutOfRange."""
+        try:
+            return self.read_range(copy, start, end)
+        except RemoteObjectMissing:
+            ref = copy.ref
+            self.catalog.catch_up()
+            still = self.catalog.copy_for_offset(ref.topic, ref.partition, copy.base_offset)
+            if still is None or still.segment_id != ref.segment_id.bytes:
+                rx, _ = self.catalog.remote_offsets(ref.topic, ref.partition)
+                raise OffsetOutOfRange(ref.topic, ref.partition, copy.base_offset, rx, None) from None
+            raise
+
+
+def verify_crcs(key: str, data: bytes | memoryview, headers: list[BatchHeader], base_position: int) -> None:
+    """Check every batch's CRC-32C; RemoteDataCorrupt naming the key and the batch's position in the object."""
+    for h in headers:
+        pos = h.position
+        actual = crc32c.crc32c(data[pos + 21 : pos + h.size])
+        if actual != h.crc:
+            raise RemoteDataCorrupt(key, base_position + pos, f"CRC-32C mismatch: stored {h.crc}, computed {actual}")

@@ -1,0 +1,151 @@
+"""The reader core on the real stack: a topic tiered by the sidecar, read back from S3 without a sidecar."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from deploy.stack import Endpoints
+from metadata.records import topic_id_bytes
+from reader import (
+    NotInRemote,
+    RemoteDataCorrupt,
+    RemoteObjectMissing,
+    RemoteReader,
+    RemoteUnavailable,
+)
+from segment_fsm import SegmentState
+from tests.fault_proxy import TcpProxy
+from tests.reader_harness import TieredTopic, tiered_topic
+from tiering_core.formats import iter_batches
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TieredTopic]:
+    with tiered_topic(stack, tmp_path_factory.mktemp("reader-remote")) as t:
+        yield t
+
+
+def read_all(reader: RemoteReader, topic: str, max_bytes: int) -> tuple[dict[int, tuple], dict[str, bytes]]:
+    """Every record from offset 0 through fetch(), and the raw bytes served per object key."""
+    records: dict[int, tuple] = {}
+    raw: dict[str, bytes] = {}
+    offset = 0
+    while True:
+        try:
+            fetched = reader.fetch(topic, 0, offset, max_bytes)
+        except NotInRemote:
+            return records, raw
+        raw[fetched.copy.log_key] = raw.get(fetched.copy.log_key, b"") + fetched.data
+        for batch in iter_batches(fetched.copy.log_key, fetched.data):
+            for r in batch.records:
+                if r.offset >= offset:
+                    assert r.offset not in records, f"offset {r.offset} served twice"
+                    records[r.offset] = (r.key, r.value, list(r.headers), batch.header.is_control)
+        assert fetched.next_offset > offset
+        offset = fetched.next_offset
+
+
+def test_catalog_follows_only_the_topics_wal_partitions(tiered: TieredTopic) -> None:
+    settings = tiered.reader_settings()
+    with RemoteReader.open(settings, [tiered.topic]) as reader:
+        catalog = reader.catalog
+        topic_id = tiered.ctx.cluster.topics([tiered.topic])[tiered.topic].topic_id
+        assert catalog.topic_id(tiered.topic) == topic_id
+        wal = catalog.wal
+        expected = {wal.partition_of(topic_id_bytes(topic_id), None), wal.partition_of(topic_id_bytes(topic_id), 0)}
+        assert catalog.manager.wal_partitions == expected
+        assert catalog.manager.read_only
+        copies = catalog.copies(tiered.topic, 0)
+        finished = tiered.ctx.manager.segments(topic_id, 0, [SegmentState.COPY_SEGMENT_FINISHED])
+        assert [c.segment_id for c in copies] == [s.segment_id for s in finished]
+        rx, ry = catalog.remote_offsets(tiered.topic, 0)
+        assert rx == 0 and ry is not None and ry >= tiered.log_start() - 1
+        assert catalog.copy_for_offset(tiered.topic, 0, ry) == copies[-1] or copies[-1].end_offset >= ry
+        assert not catalog.download_paused(tiered.topic)
+
+
+@pytest.mark.parametrize("max_bytes", [1, 10_000, 1 << 20])
+def test_fetch_serves_every_tiered_record_verbatim(tiered: TieredTopic, max_bytes: int) -> None:
+    with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
+        records, raw = read_all(reader, tiered.topic, max_bytes)
+        _, ry = reader.catalog.remote_offsets(tiered.topic, 0)
+        store = reader.fetcher.store
+        for key, served in raw.items():
+            assert served == store.get_bytes(key), f"bytes served from {key} differ from the object"
+    assert sorted(records) == list(range(ry + 1)), "offsets missing or extra"
+    for offset, value in records.items():
+        if offset in tiered.produced:
+            assert value[:3] == tiered.produced[offset], f"offset {offset} differs from what was produced"
+        else:
+            assert value[3], f"offset {offset} is neither produced nor a transaction marker"
+
+
+def test_fetch_from_the_middle_of_a_batch_starts_with_that_batch(tiered: TieredTopic) -> None:
+    with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
+        copy = reader.catalog.copies(tiered.topic, 0)[1]
+        offset = copy.base_offset + 7
+        fetched = reader.fetch(tiered.topic, 0, offset, 4096)
+        first = fetched.headers[0]
+        assert first.base_offset <= offset <= first.last_offset
+        assert fetched.copy.base_offset == copy.base_offset
+
+
+def test_store_unreachable_retries_then_fails_then_resumes(tiered: TieredTopic, stack: Endpoints) -> None:
+    target = urlparse(stack.s3.endpoint_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80)
+    try:
+        base = tiered.reader_settings()
+        storage = base.remote_storage.model_copy(update={"endpoint_url": f"http://127.0.0.1:{proxy.port}"})
+        settings = tiered.reader_settings(remote_storage=storage.model_dump(), read_attempts=3,
+                                          read_retry_backoff_seconds=0.1)  # fmt: skip
+        with RemoteReader.open(settings, [tiered.topic]) as reader:
+            proxy.cut()
+            with pytest.raises(RemoteUnavailable) as failed:
+                reader.fetch(tiered.topic, 0, 0, 65536)
+            assert failed.value.attempts == 3 and ".manifest" in failed.value.key
+            proxy.restore()
+            fetched = reader.fetch(tiered.topic, 0, 0, 65536)
+            assert fetched.headers[0].base_offset == 0
+    finally:
+        proxy.close()
+
+
+def test_corrupted_or_deleted_object_is_an_error_naming_the_key(tiered: TieredTopic) -> None:
+    with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
+        store = reader.fetcher.store
+        copies = reader.catalog.copies(tiered.topic, 0)
+        damaged = reader.locate(tiered.topic, 0, copies[2].base_offset)
+        body = bytearray(store.get_bytes(damaged.log_key))
+        body[len(body) // 2] ^= 0xFF  # one flipped bit pattern inside some record
+        store.put_bytes(damaged.log_key, bytes(body))
+        with pytest.raises(RemoteDataCorrupt) as corrupt:
+            read_from(reader, tiered.topic, damaged.base_offset, damaged.end_offset)
+        assert damaged.log_key in str(corrupt.value)
+
+        longer = reader.locate(tiered.topic, 0, copies[3].base_offset)
+        store.put_bytes(longer.log_key, store.get_bytes(longer.log_key) + b"\0" * 10)
+        with pytest.raises(RemoteDataCorrupt, match="the manifest says"):
+            reader.fetch(tiered.topic, 0, longer.base_offset, 1 << 30)
+
+        gone = reader.locate(tiered.topic, 0, copies[4].base_offset)
+        store.delete([gone.log_key])
+        with pytest.raises(RemoteObjectMissing) as missing:
+            reader.fetch(tiered.topic, 0, gone.base_offset, 65536)
+        assert missing.value.key == gone.log_key
+
+
+def read_from(reader: RemoteReader, topic: str, offset: int, last: int) -> None:
+    while offset <= last:
+        offset = reader.fetch(topic, 0, offset, 16384).next_offset
+
+
+def test_reader_settings_accept_the_sidecar_file(tiered: TieredTopic, tmp_path: Path) -> None:
+    settings = tiered.reader_settings()
+    assert settings.bootstrap_servers == tiered.ctx.settings.bootstrap_servers
+    assert settings.prefetch_pool_bytes == 256 << 20

@@ -1,0 +1,53 @@
+"""Loading pydantic-settings classes from a YAML or TOML file, ``TIERING_*`` env vars and overrides.
+
+Precedence: explicit arguments, then environment variables (``TIERING_BOOTSTRAP_SERVERS``, nested with
+``__``: ``TIERING_REMOTE_STORAGE__BUCKET``), then the file, then defaults. The sidecar's and the
+reader's settings both load through here, so one file can serve both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsError,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
+
+from tiering_core.errors import ConfigError
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings_file(cls: type[S], config_file: Path | None, what: str, **overrides: Any) -> S:
+    """An instance of ``cls`` from ``config_file`` (.yaml/.yml/.toml), the environment and ``overrides``.
+
+    Raises ConfigError naming the file and the invalid fields.
+    """
+    if config_file is not None and not config_file.exists():
+        raise ConfigError(f"configuration file {config_file} does not exist")
+
+    class _FromFile(cls):  # type: ignore[valid-type,misc]
+        @classmethod
+        def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if config_file is not None:
+                if config_file.suffix == ".toml":
+                    sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+                else:
+                    sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            return tuple(sources)
+
+    try:
+        return cls.model_validate(_FromFile(**overrides).model_dump())
+    except (ValueError, SettingsError) as exc:  # pydantic's ValidationError is a ValueError
+        where = f" in {config_file}" if config_file else ""
+        raise ConfigError(f"invalid {what}{where}:\n{exc}") from exc
