@@ -17,7 +17,7 @@ from metadata.records import (
 from metadata.remote_snapshots import StoreSnapshots, snapshot_prefix
 from metadata.snapshot import LocalDirSnapshotStore, SnapshotCorrupt, SnapshotStore
 from metadata.state import ApplyResult, MetadataState
-from metadata.wal import MetadataWal, WalError
+from metadata.wal import MetadataWal, WalError, WalGap
 
 __all__ = [
     "ApplyResult",
@@ -40,6 +40,7 @@ __all__ = [
     "TopicRecord",
     "UnknownVersion",
     "WalError",
+    "WalGap",
     "decode",
     "snapshot_prefix",
 ]

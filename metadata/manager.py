@@ -1,8 +1,13 @@
 """The facade the sidecar and the CLI use: recover, publish durably, query.
 
-``start()`` recovers: the newest valid snapshot of this WAL (local, else remote; corrupt ones and
-those of another incarnation of the WAL topic are skipped), then the WAL tail up to the end
-offsets seen at start; then a follower thread keeps applying new WAL records. ``publish(record)``
+``start()`` recovers: the newest valid snapshot of this WAL (local, else remote; corrupt ones, those
+of another incarnation of the WAL topic and those that need records the WAL no longer holds are
+skipped), then the WAL tail up to the end offsets seen at start; then a follower thread keeps applying
+new WAL records. Records missing from the WAL (removed by retention, ``delete_records`` or truncation)
+are never skipped silently: recovery without a snapshot that covers them raises WalGap, and so does
+the follower when it meets a gap. A follower that stops for any reason reports it through
+``on_failure`` (the sidecar stops: a state that no longer follows the WAL must not drive uploads or
+deletions); publishing then fails at once. ``publish(record)``
 writes the record durably and waits until this process has applied it, returning whether the state
 machine accepted it (a fenced or illegal transition is rejected identically on every replica).
 Snapshots are written every ``snapshot_every_records`` applied records or ``snapshot_every_seconds``.
@@ -19,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,7 +60,7 @@ class MetadataManager:
         self, wal: MetadataWal, snapshot_dir: Path, *, remote: SnapshotStore | None = None,
         remote_prefix: str = "metadata-snapshots", snapshot_every_records: int = 100_000,
         snapshot_every_seconds: float = 300.0, keep_snapshots: int = 3, read_only: bool = False,
-        wal_partitions: Iterable[int] | None = None,
+        wal_partitions: Iterable[int] | None = None, on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:  # fmt: skip
         self.wal = wal
         self.snapshot_dir = Path(snapshot_dir)
@@ -66,6 +71,7 @@ class MetadataManager:
         self.keep_snapshots = keep_snapshots
         self.read_only = read_only
         self.wal_partitions: set[int] | None = None if wal_partitions is None else set(wal_partitions)
+        self.on_failure = on_failure
         self.state = MetadataState()
         self.next_offsets: dict[int, int] = {}
         self.lock = threading.RLock()
@@ -101,35 +107,43 @@ class MetadataManager:
                     continue
                 yield f"remote:{key}", local
 
-    def _unusable(self, snapshot: Snapshot, end: dict[int, int]) -> str | None:
-        """Why ``snapshot`` does not belong to this WAL (another incarnation of the topic), or None."""
+    def _unusable(self, snapshot: Snapshot, begin: dict[int, int], end: dict[int, int]) -> str | None:
+        """Why ``snapshot`` cannot start a replay of this WAL, or None: another incarnation of the
+        topic, offsets beyond the WAL's end, or a tail that begins before what the WAL still holds."""
         if None not in (snapshot.wal_topic_id, self.wal.topic_id) and snapshot.wal_topic_id != self.wal.topic_id:
             return f"taken from WAL topic id {snapshot.wal_topic_id}, the WAL's id is {self.wal.topic_id}"
         partial = self.wal_partitions is not None  # only the followed partitions' ends are known
         ahead = {p: o for p, o in snapshot.wal_offsets.items() if (p in end or not partial) and o > end.get(p, 0)}
-        return f"covers WAL offsets beyond the WAL's end: {ahead}" if ahead else None
+        if ahead:
+            return f"covers WAL offsets beyond the WAL's end: {ahead}"
+        behind = _missing(snapshot.wal_offsets, begin)
+        return f"needs WAL records that are gone (partition: (next offset, first held)): {behind}" if behind else None
 
-    def _recover_snapshot(self, end: dict[int, int]) -> None:
-        """Load the newest valid snapshot of this WAL; corrupt ones and other WALs' are skipped."""
+    def _recover_snapshot(self, begin: dict[int, int], end: dict[int, int]) -> None:
+        """Load the newest snapshot this WAL can continue; corrupt and unusable ones are skipped."""
         for source, path in self._snapshot_candidates():
             try:
                 snapshot = load_snapshot(path)
             except SnapshotCorrupt as exc:
                 log.error("skipping a corrupt snapshot", source=source, error=str(exc))
                 continue
-            reason = self._unusable(snapshot, end)
+            reason = self._unusable(snapshot, begin, end)
             if reason is not None:
-                log.error("skipping a snapshot of another WAL", source=source, reason=reason)
+                log.error("skipping a snapshot this WAL cannot continue", source=source, reason=reason)
                 continue
             self.state, self.next_offsets, self.recovered_from = snapshot.state, snapshot.wal_offsets, source
             return
 
     def start(self, follow: bool = True) -> None:
-        """Recover (snapshot + WAL tail to the current end), then follow the WAL in the background."""
+        """Recover (snapshot + WAL tail to the current end), then follow the WAL in the background.
+
+        Raises WalGap when no snapshot covers records the WAL no longer holds (nothing is applied then).
+        """
         self.wal.ensure_topic(create=not self.read_only)
         end = self.wal.end_offsets(self.wal_partitions)
-        self._recover_snapshot(end)
-        self._replay(end, self.wal_partitions)
+        begin = self.wal.start_offsets(self.wal_partitions)
+        self._recover_snapshot(begin, end)
+        self._replay(begin, end, self.wal_partitions)
         log.info(
             "metadata recovered", source=self.recovered_from, segments=self.state.segment_count(),
             applied=self.state.counters.applied,
@@ -137,7 +151,15 @@ class MetadataManager:
         if follow:
             self._start_follower()
 
-    def _replay(self, end: dict[int, int], partitions: Iterable[int] | None) -> None:
+    def _replay(self, begin: dict[int, int], end: dict[int, int], partitions: Iterable[int] | None) -> None:
+        """Apply the WAL from ``next_offsets`` to ``end``; WalGap if records in between are gone."""
+        missing = _missing(self.next_offsets, begin)
+        if missing:
+            p, (expected, first) = min(missing.items())
+            raise self.wal.gap(
+                p, expected, f"its first record is at offset {first} ({self.recovered_from} recovery; every "
+                f"partition missing records, as (next offset, first held): {missing})"
+            )  # fmt: skip
         for batch in self.wal.read(self.next_offsets, until=end, partitions=partitions):
             self._apply_batch(batch)
 
@@ -162,7 +184,8 @@ class MetadataManager:
         if following:
             self._stop.set()
             self._follower.join(timeout=10)  # type: ignore[union-attr]
-        self._replay(self.wal.end_offsets(self.wal_partitions), self.wal_partitions)
+        self._replay(self.wal.start_offsets(self.wal_partitions), self.wal.end_offsets(self.wal_partitions),
+                     self.wal_partitions)  # fmt: skip
         if following:
             self._start_follower()
 
@@ -190,9 +213,19 @@ class MetadataManager:
                 self._maybe_snapshot()
         except BaseException as exc:
             self._follower_error = exc
-            log.error("metadata follower stopped", error=str(exc))
+            log.error(
+                "metadata follower died: the state no longer follows the WAL", error=f"{type(exc).__name__}: {exc}",
+                applied_offsets=dict(self.next_offsets), exc_info=exc,
+            )  # fmt: skip
             with self._applied:
                 self._applied.notify_all()
+            if self.on_failure is not None:
+                self.on_failure(exc)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the follower thread died, or None while it runs (or before ``start``)."""
+        return self._follower_error
 
     def _apply_batch(self, batch: list) -> None:
         with self._applied:
@@ -248,6 +281,13 @@ class MetadataManager:
             return ACCEPTED if result is None else result
 
     # -- queries -----------------------------------------------------------------------------
+    def wal_lag(self) -> dict[int, int]:
+        """Records behind the WAL's end, per followed WAL partition: the end offsets now (one
+        ListOffsets request) minus what this process applied. Raises WalError when Kafka does not answer."""
+        end = self.wal.end_offsets(self.wal_partitions)
+        with self.lock:
+            return {p: max(0, e - self.next_offsets.get(p, 0)) for p, e in sorted(end.items())}
+
     def partition_state(self, topic_id: str, partition: int) -> RemotePartitionState | None:
         """Rx, Ry, remote size, segment counts, fence and deletion state; None for an unknown partition."""
         with self.lock:
@@ -312,3 +352,9 @@ class MetadataManager:
         if self._follower is not None:
             self._follower.join(timeout=10)
         self.wal.close()
+
+
+def _missing(offsets: dict[int, int], begin: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """Partitions whose next offset to apply is below the first record the WAL still holds, as
+    partition: (next offset, first offset held)."""
+    return {p: (offsets.get(p, 0), first) for p, first in sorted(begin.items()) if first > offsets.get(p, 0)}

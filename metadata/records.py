@@ -7,7 +7,9 @@ Each record is a pydantic model (validated when built by a writer) with a compac
     | the type's fixed fields (big-endian struct) | topic name (u16 + UTF-8) | extras
 
 Version 1 is the only one. A reader skips and counts a record of a newer version (written by a newer
-sidecar) and reports a record it cannot parse as garbage; neither stops replay.
+sidecar) and reports a record it cannot parse as garbage; neither stops replay. A record that parses
+but carries a value no writer can produce (an unknown state or action id, a negative partition or
+offset, an end offset below the base) is garbage too: ``parse`` checks every field a replica acts on.
 """
 
 from __future__ import annotations
@@ -209,6 +211,45 @@ def unparse(kind: int, fields: tuple) -> bytes:
     return out
 
 
+_SEGMENT_STATES = frozenset(int(s) for s in SegmentState)
+_PARTITION_STATES = frozenset(int(s) for s in PartitionDeleteState)
+_ACTIONS = frozenset(int(a) for a in TopicAction)
+_MAX_NAME = 249
+
+
+def _invalid(kind: int, fields: tuple) -> str | None:
+    """Why a parsed record's fields are not ones a writer can produce, or None when they are valid."""
+    name = _TYPES[kind].__name__
+    token = fields[2]
+    if token < 0:
+        return f"{name} has a negative fencing token {token}"
+    if kind == ClusterRecord.TYPE:
+        return None if fields[4] in _ACTIONS else f"{name} has an unknown action id {fields[4]}"
+    topic, partition = fields[-1] if kind != SegmentRecord.TYPE else fields[13], fields[5]
+    if not 0 < len(topic) <= _MAX_NAME:
+        return f"{name} has a topic name of {len(topic)} characters"
+    if kind == TopicRecord.TYPE:
+        if fields[5] not in _ACTIONS:
+            return f"{name} of topic {topic} has an unknown action id {fields[5]}"
+        if min(fields[6], fields[7]) < -2:
+            return f"{name} of topic {topic} has local retention {fields[6]} ms / {fields[7]} bytes below -2"
+        return None
+    if partition < 0:
+        return f"{name} of topic {topic} has a negative partition {partition}"
+    if kind == PartitionDeleteRecord.TYPE:
+        return (
+            None
+            if fields[6] in _PARTITION_STATES
+            else f"{name} of {topic}-{partition} has an unknown state id {fields[6]}"
+        )
+    state, base, end, size = fields[7], fields[8], fields[9], fields[12]
+    if state not in _SEGMENT_STATES:
+        return f"{name} of {topic}-{partition} at offset {base} has an unknown state id {state}"
+    if base < 0 or end < base or size < 0:
+        return f"{name} of {topic}-{partition} has offsets {base}..{end} and size {size}"
+    return None
+
+
 _SEGMENT_HEAD = _HEAD.pack(MAGIC, VERSION, SegmentRecord.TYPE)
 _SEGMENT_FIXED = struct.Struct(SegmentRecord.FIXED.format + "H")  # the fixed fields + the topic name length
 
@@ -218,7 +259,7 @@ def parse(data: bytes) -> tuple[int, tuple]:
 
     Fields are in struct order with ids as raw 16-byte strings and enums as ints, then the topic
     name (str) and, for segments, the raw leader-epoch entries (bytes, 12 per entry). Raises
-    UnknownVersion for a newer format and RecordDecodeError for anything unparseable.
+    UnknownVersion for a newer format and RecordDecodeError for anything unparseable or invalid.
     """
     if data[:3] == _SEGMENT_HEAD:  # the common case, in one unpack
         try:
@@ -230,7 +271,19 @@ def parse(data: bytes) -> tuple[int, tuple]:
             raise RecordDecodeError(f"malformed SegmentRecord: {exc}") from exc
         if pos + 2 + count * EPOCH_ENTRY.size != len(data):
             raise RecordDecodeError("malformed SegmentRecord: leader epochs do not fill the record")
-        return SegmentRecord.TYPE, (*f[:-1], topic, data[pos + 2 :])
+        fields = (*f[:-1], topic, data[pos + 2 :])
+        # the common case in one expression; _invalid names the problem when there is one
+        if (
+            f[7] not in _SEGMENT_STATES
+            or f[5] < 0
+            or f[8] < 0
+            or f[9] < f[8]
+            or f[12] < 0
+            or f[2] < 0
+            or not (0 < len(topic) <= _MAX_NAME)
+        ):
+            raise RecordDecodeError(f"invalid record: {_invalid(SegmentRecord.TYPE, fields)}")
+        return SegmentRecord.TYPE, fields
     try:
         magic, version, kind = _HEAD.unpack_from(data, 0)
     except struct.error as exc:
@@ -248,14 +301,18 @@ def parse(data: bytes) -> tuple[int, tuple]:
         if kind == ClusterRecord.TYPE:
             if pos != len(data):
                 raise ValueError("trailing bytes")
-            return kind, fields
-        (n,) = _U16.unpack_from(data, pos)
-        topic = data[pos + 2 : pos + 2 + n].decode()
-        if pos + 2 + n != len(data):
-            raise ValueError("trailing bytes or topic name past the end")
-        return kind, (*fields, topic)
+        else:
+            (n,) = _U16.unpack_from(data, pos)
+            topic = data[pos + 2 : pos + 2 + n].decode()
+            if pos + 2 + n != len(data):
+                raise ValueError("trailing bytes or topic name past the end")
+            fields = (*fields, topic)
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise RecordDecodeError(f"malformed {cls.__name__}: {exc}") from exc
+    problem = _invalid(kind, fields)
+    if problem is not None:
+        raise RecordDecodeError(f"invalid record: {problem}")
+    return kind, fields
 
 
 def decode(data: bytes) -> MetadataRecord:

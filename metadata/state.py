@@ -2,7 +2,9 @@
 
 Deterministic: replicas that apply the same records in the same order reach the same state,
 including the same rejections (illegal transitions, fenced writers). Rejected records change
-nothing. Records of a newer format version are skipped and counted; garbage is counted and logged.
+nothing. Records of a newer format version are skipped and counted; garbage (unparseable, or
+carrying a value no writer produces, such as an unknown state id: ``records.parse`` checks) is
+counted and logged. Neither ever stops replay.
 """
 
 from __future__ import annotations
@@ -122,8 +124,6 @@ class MetadataState:
                 False, segment_rejection(None if current < 0 else SegmentState(current), SegmentState(state))
             )
         if row is None:
-            if end < base:
-                return ApplyResult(False, f"segment end offset {end} is below its base offset {base}")
             p.add(sid, state, epoch, event_time, base, end, first_ts, max_ts, size)
         else:
             p.update(row, state, event_time)

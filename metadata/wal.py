@@ -41,6 +41,12 @@ class WalError(TieringError):
     """
 
 
+class WalGap(WalError):
+    """Records the reader needs are gone from the WAL: retention or ``delete_records`` removed them, the
+    log was truncated, or the topic was deleted and created again. Applying what follows would build a
+    wrong state, so the reader stops; recovery needs a snapshot that covers the gap."""
+
+
 class MetadataWal:
     def __init__(
         self, bootstrap: str, topic: str = "__tiering_metadata", partitions: int = 50, *,
@@ -211,17 +217,34 @@ class MetadataWal:
     def end_offsets(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
         """The next offset to be written in each WAL partition (high watermarks; ``partitions``: only
         those, default all), in one request."""
+        return self._list_offsets(OffsetSpec.latest(), "end", partitions)
+
+    def start_offsets(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """The first offset still stored in each WAL partition (log start offsets; ``partitions``: only
+        those, default all), in one request."""
+        return self._list_offsets(OffsetSpec.earliest(), "start", partitions)
+
+    def _list_offsets(self, spec: OffsetSpec, what: str, partitions: Iterable[int] | None) -> dict[int, int]:
         deadline = time.monotonic() + self.timeout
         chosen = range(self.partitions) if partitions is None else sorted(partitions)
-        wanted = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in chosen}
+        wanted = {TopicPartition(self.topic, p): spec for p in chosen}
         while True:
             try:
                 futures = self._admin().list_offsets(wanted, request_timeout=self.timeout)
                 return {tp.partition: f.result().offset for tp, f in futures.items()}
             except KafkaException as exc:
                 if time.monotonic() > deadline:  # a new topic: leaders may still be moving
-                    raise WalError(f"reading the end offsets of {self.topic}: {exc}") from exc
+                    raise WalError(f"reading the {what} offsets of {self.topic}: {exc}") from exc
                 self._wait_ready()  # also refreshes the admin client's view of the leaders
+
+    def gap(self, partition: int, expected: int, found: str) -> WalGap:
+        """The error for records missing before ``expected`` in ``partition``: what was found instead."""
+        return WalGap(
+            f"metadata WAL {self.topic}[{partition}]: the next record should be at offset {expected}, but {found}; "
+            "records were removed (retention, delete_records or truncation) or the topic was created again. "
+            "Applying what follows would build a wrong state: recovery needs a snapshot covering offset "
+            f"{expected} of partition {partition} (keep retention.ms=-1 on {self.topic})"
+        )
 
     def _consumer(self) -> Consumer:
         return Consumer(
@@ -230,7 +253,7 @@ class MetadataWal:
                 "group.id": f"{self.topic}-reader",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
+                "auto.offset.reset": "error",  # a position the WAL no longer holds is a gap, not a restart
                 "fetch.max.bytes": 64 * 1024 * 1024,
                 "max.partition.fetch.bytes": 8 * 1024 * 1024,
                 "queued.max.messages.kbytes": 256 * 1024,
@@ -246,11 +269,15 @@ class MetadataWal:
 
         With ``until``, stops once every partition reached its offset there; otherwise follows the
         WAL until ``stop`` is set, yielding empty batches while idle. ``partitions``: read only these
-        WAL partitions (default all). Raises WalError on a fatal consumer error.
+        WAL partitions (default all). Offsets must follow each other with no gap (the WAL is written
+        without transactions, so every offset holds a record): a skipped offset, or a position the WAL
+        no longer holds, raises WalGap naming the partition and offsets. Raises WalError on a fatal
+        consumer error.
         """
         consumer = self._consumer()
         chosen = range(self.partitions) if partitions is None else sorted(partitions)
-        consumer.assign([TopicPartition(self.topic, p, start.get(p, 0)) for p in chosen])
+        expected = {p: start.get(p, 0) for p in chosen}
+        consumer.assign([TopicPartition(self.topic, p, o) for p, o in expected.items()])
         remaining = {p: o for p, o in (until or {}).items() if o > start.get(p, 0)}
         try:
             while True:
@@ -261,12 +288,20 @@ class MetadataWal:
                 messages = consumer.consume(1, 0.2)  # wait for the first message only, then
                 if messages:  # take what has already arrived: no waiting for a full batch
                     messages += consumer.consume(batch - 1, 0)
-                good = [m for m in messages if m.error() is None]
-                if len(good) != len(messages):
-                    for m in messages:
-                        err = m.error()
-                        if err is not None and err.fatal():
-                            raise WalError(f"reading {self.topic}: {err}")
+                good = []
+                for m in messages:
+                    err = m.error()
+                    if err is None:
+                        p, o = m.partition(), m.offset()
+                        if o != expected[p]:
+                            raise self.gap(p, expected[p], f"the next record read is at offset {o}")
+                        expected[p] = o + 1
+                        good.append(m)
+                    elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        p = m.partition()
+                        raise self.gap(p, expected[p], f"the WAL does not hold it ({self._held(consumer, p)}: {err})")
+                    elif err.fatal():
+                        raise WalError(f"reading {self.topic}: {err}")
                 if good or until is None:  # when following, empty batches let the caller act on time
                     if remaining:
                         last = {m.partition(): m.offset() for m in good}
@@ -276,6 +311,13 @@ class MetadataWal:
                     yield good
         finally:
             consumer.close()
+
+    def _held(self, consumer: Consumer, partition: int) -> str:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=5)
+        except KafkaException as exc:
+            return f"its offsets are unknown: {exc}"
+        return f"it holds offsets {low}..{high - 1}" if high > low else f"it is empty at offset {high}"
 
     def close(self) -> None:
         self._closed.set()

@@ -81,7 +81,11 @@ class SidecarMetrics:
             registry=r,
         )
         self.metadata_wal_lag = Gauge(
-            "tiering_metadata_wal_lag_records", "Records of the metadata WAL not yet applied.", registry=r
+            "tiering_metadata_wal_lag_records",
+            "Records of the metadata WAL not yet applied here, per WAL partition (its end offset minus the next "
+            "offset this sidecar applies).",
+            ("wal_partition",),
+            registry=r,
         )
         self.store_unavailable = Counter(
             "tiering_remote_store_unavailable",

@@ -1,5 +1,9 @@
 """The sidecar's main loop: wake on segment rolls or every rescan interval, run each led partition's
-task (at most ``upload_max_concurrency`` at once), clean up deleted topics, publish status."""
+task (at most ``upload_max_concurrency`` at once), clean up deleted topics, publish status.
+
+The loop acts on the metadata state, so it must never outlive the metadata follower: when the
+follower dies the sidecar stops at once and ``run_forever`` raises MetadataFollowerDied (the CLI exits
+non-zero); the next start recovers the state from a snapshot and the WAL, or says why it cannot."""
 
 from __future__ import annotations
 
@@ -8,21 +12,29 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
+from metadata import WalError
 from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.janitor import delete_partitions_of_deleted_topics
 from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
 from tiering.sidecar.status import write_status
 from tiering.watch import SegmentWatcher
+from tiering_core.errors import TieringError
 from tiering_core.formats import find_partition_dirs
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 
 
+class MetadataFollowerDied(TieringError):
+    """The metadata follower thread stopped (a WAL gap, Kafka failing fatally, a bug): the sidecar stopped
+    rather than upload or delete on a state that no longer follows the WAL. Restarting recovers."""
+
+
 class Sidecar:
     def __init__(self, ctx: SidecarContext) -> None:
         self.ctx = ctx
+        ctx.manager.on_failure = self._on_metadata_failure
         self.tasks: dict[tuple[str, int], PartitionTask] = {}
         self.watcher = SegmentWatcher(ctx.settings.log_dirs)
         self.pool = ThreadPoolExecutor(max_workers=ctx.settings.upload_max_concurrency, thread_name_prefix="tier")
@@ -48,6 +60,15 @@ class Sidecar:
                 self.watcher.wait(self.ctx.settings.rescan_interval_seconds)
         finally:
             self.close()
+        failure = self.ctx.manager.failure
+        if failure is not None:
+            raise MetadataFollowerDied(
+                f"the metadata follower died ({type(failure).__name__}: {failure}); the sidecar stopped"
+            )
+
+    def _on_metadata_failure(self, exc: BaseException) -> None:
+        log.error("stopping the sidecar: its metadata follower died", error=f"{type(exc).__name__}: {exc}")
+        self.stop()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("stopping: finishing in-flight steps", signal=signal.Signals(signum).name)
@@ -59,7 +80,10 @@ class Sidecar:
 
     def tick(self) -> None:
         """One pass over every tiered partition this broker leads (errors are per partition)."""
+        if self.ctx.manager.failure is not None:
+            return  # never act on a state that stopped following the WAL; run_forever is stopping
         self.ticks += 1
+        self._update_wal_lag()
         try:
             self._tick()
             self.last_error = None
@@ -71,6 +95,15 @@ class Sidecar:
             self.ctx.broker_id,
             {f"{t.topic}-{t.partition}": vars(t.status) for t in self.tasks.values()},
         )
+
+    def _update_wal_lag(self) -> None:
+        try:
+            lag = self.ctx.manager.wal_lag()
+        except WalError as exc:
+            log.warning("metadata WAL lag unknown this tick", error=str(exc))
+            return
+        for partition, records in lag.items():
+            self.ctx.metrics.metadata_wal_lag.labels(wal_partition=str(partition)).set(records)
 
     def _tick(self) -> None:
         ctx = self.ctx
