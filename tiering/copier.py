@@ -22,7 +22,7 @@ from pathlib import Path
 import crc32c
 
 from tiering_core.errors import FormatError, TieringError
-from tiering_core.formats import VALIDATION_WINDOW, SegmentFiles, segment_file_name, summarize_fd
+from tiering_core.formats import VALIDATION_WINDOW, SegmentFiles, file_mtime_ms, segment_file_name, summarize_fd
 from tiering_core.logs import get_logger
 from tiering_core.objects import INDEX_PARTS, Manifest, SegmentRef
 from tiering_core.ratelimit import RateLimiter
@@ -136,7 +136,7 @@ class SegmentCopier:
                 segment_id=ref.segment_id,
                 base_offset=ref.base_offset,
                 end_offset=summary.last_offset,
-                max_timestamp=summary.max_timestamp,
+                max_timestamp=summary.max_timestamp if summary.max_timestamp >= 0 else file_mtime_ms(os.fstat(log_fd)),
                 leader_epochs=[(e, ref.base_offset) for e in summary.leader_epochs],
                 log_size=length,
                 log_crc32c=log_crc,

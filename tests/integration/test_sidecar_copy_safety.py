@@ -106,3 +106,61 @@ def test_window_edge_inside_a_zero_prefixed_batch_header_loses_nothing(stack: En
     combined.update({o: v[1] for o, v in local_offsets(partition_dir, last_offset + 1).items()})
     assert sorted(combined) == list(range(lz)), "offsets missing from remote + local"
     assert all(combined[o] == value for o, value in produced.items()), "a record differs from what was produced"
+
+
+def roll_small_segment(bootstrap: str, topic: str, partition: int) -> None:
+    """A small first segment (20 records, no index entry of its own), rolled by a record that does not fit."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(20):
+        producer.produce(topic, value=f"small-{partition}-{i}".encode() * 5, partition=partition)
+    assert producer.flush(60) == 0
+    producer.produce(topic, value=b"r" * 65_000, partition=partition)
+    assert producer.flush(60) == 0
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Swap in new contents under the same name (the broker keeps its own mapping of the old file)."""
+    tmp = path.with_name(path.name + ".test-tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def test_segment_without_time_index_entries_is_judged_by_its_file_time(stack: Endpoints, tmp_path: Path) -> None:
+    """Issue 7.5: a rolled segment whose time index holds no entry (empty, or still the preallocated zeros
+    Kafka writes before a roll completes) once gave max_timestamp -1 or 0: the copy expired at once under
+    retention.ms and local.retention.ms never released it. Kafka judges such a segment by the file's
+    modification time; so does the sidecar, locally and for the remote copy."""
+    topic = create_topic(stack.bootstrap, 2, internal_segment_bytes=65536, retention_ms=3600 * 1000)
+    dirs = [Path(stack.broker(1).log_dir) / f"{topic}-{p}" for p in (0, 1)]
+    for p in (0, 1):
+        roll_small_segment(stack.bootstrap, topic, p)
+    first = [d / "00000000000000000000" for d in dirs]
+    wait_for(lambda: all(f.with_suffix(".timeindex").stat().st_size == 12 for f in first), 30, "the rolls to end")
+    originals = [f.with_suffix(".log").read_bytes() for f in first]
+    replace_file(first[0].with_suffix(".timeindex"), b"")  # no entry: max_timestamp -1
+    replace_file(first[1].with_suffix(".timeindex"), bytes(10485756))  # preallocated zeros: 0
+    mtimes = [f.with_suffix(".log").stat().st_mtime_ns // 1_000_000 for f in first]
+    record_max = [max(h.max_timestamp for h in scan_headers("original", o)) for o in originals]
+
+    config = write_config(stack, tmp_path)
+    cli("topic", "enable", topic, "--local-retention-ms", "1000", "--config", str(config))
+    with running(config) as (ctx, sidecar):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+        ends = [len(decoded_offsets(o, "original")) for o in originals]
+
+        def released() -> bool:
+            local = ctx.cluster.local_offsets([(topic, 0), (topic, 1)])
+            return all(local[(topic, p)].lx >= ends[p] for p in (0, 1))
+
+        wait_for(released, 90, "local retention by time to release both small segments", step=sidecar.tick)
+        for _ in range(3):
+            sidecar.tick()
+        for p in (0, 1):
+            state = ctx.manager.partition_state(topic_id, p)
+            assert state is not None and state.segment_counts["DELETE_SEGMENT_STARTED"] == 0
+            assert state.segment_counts["DELETE_SEGMENT_FINISHED"] == 0, f"partition {p}: the copy expired at once"
+            (copy,) = ctx.manager.segments(topic_id, p, FINISHED)
+            assert copy.max_timestamp == mtimes[p], f"partition {p}: not judged by the file's modification time"
+            ref = SegmentRef(topic, topic_id, p, 0, uuid.UUID(bytes=copy.segment_id))
+            assert ctx.copier.manifest(ref).max_timestamp == record_max[p]
+            assert ctx.store.get_bytes(ref.key(ctx.prefix, "log")) == originals[p]

@@ -120,7 +120,7 @@ class PartitionTask:
         for files in list_segments(partition_dir):
             try:
                 size = files.log.stat().st_size
-                max_ts = files.max_timestamp()
+                max_ts = files.largest_timestamp()
             except FileNotFoundError:
                 continue  # renamed to .deleted by Kafka's retention between listing and stat
             out.append((LocalSegmentInfo(files.base_offset, size, max_ts), files))
@@ -292,7 +292,10 @@ class PartitionTask:
         finished = self.ctx.manager.segments(self.topic_id, self.partition, [SegmentState.COPY_SEGMENT_FINISHED])
         if not finished:
             return
-        infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, s.size, s.max_timestamp)
+        # copies recorded before the file-time fallback may carry no timestamp (<= 0): judge those by the
+        # time of their last transition, later than any record in them, never as 55 years old
+        infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, s.size,
+                                   s.max_timestamp if s.max_timestamp > 0 else s.event_time)
                  for s in finished]  # fmt: skip
         ry = offsets.ry if offsets.ry is not None else -1
         local_only = sum(s.size for s, _ in local if s.base_offset > ry)

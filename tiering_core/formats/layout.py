@@ -74,6 +74,23 @@ class SegmentFiles:
         entries = parse_time_index(read_file(self.timeindex), self.base_offset)
         return entries[-1].timestamp if entries else -1
 
+    def largest_timestamp(self) -> int:
+        """The timestamp retention judges the segment by, as Kafka's ``LogSegment.largestTimestamp``:
+        the largest record timestamp from the time index, else the ``.log``'s modification time (ms).
+
+        The index holds no entry for a while around a roll (a small segment's index is empty, or still
+        preallocated zeros, which read as a timestamp of 0), so 0 counts as "none" here too (Kafka
+        takes >= 0): without the fallback a copy would look 55 years old and expire at once.
+        Raises FileNotFoundError if the segment is gone.
+        """
+        timestamp = self.max_timestamp()
+        return timestamp if timestamp > 0 else file_mtime_ms(os.stat(self.log))
+
+
+def file_mtime_ms(stat: os.stat_result) -> int:
+    """A file's modification time in milliseconds (Java's ``File.lastModified``)."""
+    return stat.st_mtime_ns // 1_000_000
+
 
 def list_segments(partition_dir: Path) -> list[SegmentFiles]:
     """The partition's segments sorted by base offset; the last one is the active segment."""
