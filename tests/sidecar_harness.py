@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import boto3
 import yaml
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -46,6 +48,26 @@ def write_config(
     path = tmp_path / f"sidecar-{broker}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def session_credentials(stack: Endpoints, deny: dict[str, str]) -> dict[str, str]:
+    """AWS_* variables of temporary credentials (STS AssumeRole on the stack's MinIO) whose session policy
+    allows everything except each action in ``deny`` on its resource ARN (wildcards allowed): a store that
+    refuses some requests, as a bucket or IAM policy would."""
+    sts = boto3.client(
+        "sts", endpoint_url=stack.s3.endpoint_url, region_name=stack.s3.region,
+        aws_access_key_id=stack.s3.access_key, aws_secret_access_key=stack.s3.secret_key,
+    )  # fmt: skip
+    statements = [{"Effect": "Allow", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::*"]}]
+    statements += [{"Effect": "Deny", "Action": [a], "Resource": [r]} for a, r in deny.items()]
+    policy = json.dumps({"Version": "2012-10-17", "Statement": statements})
+    creds = sts.assume_role(RoleArn="arn:xxx:xxx:xxx:xxxx", RoleSessionName="tiering-tests", Policy=policy,
+                            DurationSeconds=3600)["Credentials"]  # fmt: skip
+    return {
+        "AWS_ACCESS_KEY_ID": creds["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
+        "AWS_SESSION_TOKEN": creds["SessionToken"],
+    }
 
 
 def settings(path: Path) -> SidecarSettings:

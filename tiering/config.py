@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tiering_core.backoff import Backoff
 from tiering_core.errors import ConfigError
 from tiering_core.settings import load_settings_file
 from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
@@ -41,8 +42,22 @@ class SidecarSettings(BaseSettings):
     copy_started_timeout_seconds: float = Field(
         default=900.0, gt=0, description="A COPY_SEGMENT_STARTED older than this is abandoned and swept."
     )
+    remote_log_manager_task_retry_backoff_ms: int = Field(
+        default=500, ge=1, description="First wait before retrying a failed operation (Kafka's name and default)."
+    )
+    remote_log_manager_task_retry_backoff_max_ms: int = Field(
+        default=30_000, ge=1, description="Longest wait between retries; the wait doubles up to it."
+    )
+    remote_log_manager_task_retry_jitter: float = Field(
+        default=0.2, ge=0, lt=1, description="Random factor +-jitter on each wait, so retries spread out."
+    )
     metrics_port: int | None = Field(default=9464, description="Prometheus /metrics and /status (None: off).")
     metrics_host: str = "127.0.0.1"
+
+    def retry_backoff(self) -> Backoff:
+        initial = self.remote_log_manager_task_retry_backoff_ms / 1000
+        return Backoff(initial, max(initial, self.remote_log_manager_task_retry_backoff_max_ms / 1000),
+                       self.remote_log_manager_task_retry_jitter)  # fmt: skip
 
     @field_validator("log_dirs", mode="before")
     @classmethod

@@ -26,7 +26,7 @@ from tiering_core.formats import VALIDATION_WINDOW, SegmentFiles, file_mtime_ms,
 from tiering_core.logs import get_logger
 from tiering_core.objects import INDEX_PARTS, Manifest, SegmentRef
 from tiering_core.ratelimit import RateLimiter
-from tiering_core.stores.base import RemoteStore, RemoteStoreError
+from tiering_core.stores.base import ObjectNotFound, RemoteStore, RemoteStoreError
 
 log = get_logger(__name__)
 
@@ -180,13 +180,22 @@ class SegmentCopier:
             raise
 
     def delete(self, ref: SegmentRef) -> None:
-        """Delete every object of the copy, manifest first (idempotent)."""
-        self.store.delete(list(reversed(ref.keys(self.prefix))))
+        """Delete every object of the copy, manifest first, also under the legacy layout (idempotent)."""
+        kinds = ("manifest", "indexes", "log")
+        legacy = [key for kind in kinds if (key := ref.legacy_key(self.prefix, kind)) is not None]
+        self.store.delete([ref.key(self.prefix, kind) for kind in kinds] + legacy)
 
     def manifest(self, ref: SegmentRef) -> Manifest:
-        """The copy's manifest; ObjectNotFound if the copy is not (or no longer) complete."""
+        """The copy's manifest (under the legacy layout for copies written before it changed);
+        ObjectNotFound if the copy is not (or no longer) complete."""
         key = ref.key(self.prefix, "manifest")
-        return Manifest.decode(self.store.get_bytes(key), key)
+        try:
+            return Manifest.decode(self.store.get_bytes(key), key)
+        except ObjectNotFound:
+            legacy = ref.legacy_key(self.prefix, "manifest")
+            if legacy is None:
+                raise
+            return Manifest.decode(self.store.get_bytes(legacy), legacy)
 
     def new_ref(self, topic: str, topic_id: str, partition: int, base_offset: int) -> SegmentRef:
         return SegmentRef(topic, topic_id, partition, base_offset, uuid.uuid4())

@@ -93,6 +93,14 @@ class SidecarMetrics:
             registry=r,
         )
 
+        self.task_errors = Counter(
+            "tiering_task_errors",
+            "Failed sidecar operations (copy, local_retention, remote_retention, sweep, delete_partition, ...), each "
+            "retried after an exponential backoff; partition '' for the sidecar as a whole.",
+            (*_TP, "operation"),
+            registry=r,
+        )
+
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Expose ``/metrics`` over HTTP on ``addr:port`` (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)

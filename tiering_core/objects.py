@@ -6,7 +6,15 @@ Keys (one factory, here)::
     e.g. kafka-tiering/orders-mXjDWYvGQ3SdP7gQi3DrqA/3/00000000000000001234-5f0c...e1.log
 
 The topic id keeps a deleted-and-recreated topic apart; the segment id (new for every copy attempt)
-means a retried or fenced upload never overwrites a committed copy. ``.indexes`` concatenates the
+means a retried or fenced upload never overwrites a committed copy.
+
+The ``<topic>-<topicId>`` component is at most 255 bytes (``TOPIC_DIR_MAX_BYTES``): MinIO and every
+store kept on a POSIX filesystem refuse longer path components, while a legal Kafka topic name has up
+to 249 characters and the id 22. A name longer than 232 characters is cut to its first 232 (the topic
+id alone is unique, the prefix keeps it readable), so every legal name fits; names of up to 232
+characters keep exactly the keys they always had. Copies written before the cut existed (possible on
+AWS S3, whose keys may have 1024 bytes in any component) stay readable: ``legacy_key`` and
+``partition_prefixes`` name where they are, and readers and deleters look there too. ``.indexes`` concatenates the
 offset index, time index, transaction index, producer snapshot and leader-epoch checkpoint; the
 manifest (JSON, versioned, written last) says where each part is and holds checksums and offsets.
 """
@@ -22,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from tiering_core.errors import TieringError
 
 MANIFEST_VERSION = 1
+TOPIC_DIR_MAX_BYTES = 255
 INDEX_PARTS = ("offset", "time", "txn", "producer_snapshot", "leader_epoch")
 
 
@@ -39,15 +48,42 @@ class SegmentRef:
         return partition_prefix(prefix, self.topic, self.topic_id, self.partition)
 
     def key(self, prefix: str, kind: str) -> str:
-        return f"{self.partition_prefix(prefix)}/{self.base_offset:020d}-{self.segment_id.hex}.{kind}"
+        return f"{self.partition_prefix(prefix)}/{self._name(kind)}"
 
     def keys(self, prefix: str) -> list[str]:
         """All keys of the copy, manifest last (the order to write; delete in reverse)."""
         return [self.key(prefix, k) for k in ("log", "indexes", "manifest")]
 
+    def legacy_key(self, prefix: str, kind: str) -> str | None:
+        """Where a copy written before topic names were cut keeps this object; None if it is ``key``."""
+        if _fits(self.topic, self.topic_id):
+            return None
+        return f"{prefix}/{self.topic}-{self.topic_id}/{self.partition}/{self._name(kind)}"
+
+    def _name(self, kind: str) -> str:
+        return f"{self.base_offset:020d}-{self.segment_id.hex}.{kind}"
+
+
+def topic_dir(topic: str, topic_id: str) -> str:
+    """``<topic>-<topicId>``, the name cut so that it fits ``TOPIC_DIR_MAX_BYTES`` (Kafka names are ASCII)."""
+    room = TOPIC_DIR_MAX_BYTES - len(topic_id) - 1
+    return f"{topic[:room]}-{topic_id}"
+
+
+def _fits(topic: str, topic_id: str) -> bool:
+    return len(topic) + 1 + len(topic_id) <= TOPIC_DIR_MAX_BYTES
+
 
 def partition_prefix(prefix: str, topic: str, topic_id: str, partition: int) -> str:
-    return f"{prefix}/{topic}-{topic_id}/{partition}"
+    return f"{prefix}/{topic_dir(topic, topic_id)}/{partition}"
+
+
+def partition_prefixes(prefix: str, topic: str, topic_id: str, partition: int) -> list[str]:
+    """Every prefix that may hold the partition's objects: the current one, then the legacy one if it differs."""
+    current = partition_prefix(prefix, topic, topic_id, partition)
+    if _fits(topic, topic_id):
+        return [current]
+    return [current, f"{prefix}/{topic}-{topic_id}/{partition}"]
 
 
 def parse_key(key: str) -> tuple[int, uuid.UUID, str] | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deploy.stack import Endpoints
-from tiering_core.stores import ObjectNotFound, S3Store, S3StoreConfig, StoreUnavailable
+from tiering_core.stores import ObjectNotFound, RemoteStoreError, S3Store, S3StoreConfig, StoreUnavailable
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +52,21 @@ def test_unreachable_endpoint_is_a_clear_error(stack: Endpoints) -> None:
     store = S3Store(config(stack, endpoint_url=f"http://127.0.0.1:{port}", max_attempts=1, connect_timeout=1))
     with pytest.raises(StoreUnavailable, match=re.escape(f"127.0.0.1:{port} is unreachable")):
         store.put_bytes("store-test/x", b"x")
+
+
+@pytest.mark.parametrize("size", [100, 6 << 20], ids=["single-put", "multipart"])
+def test_a_refused_upload_is_a_remote_store_error_naming_key_and_endpoint(
+    stack: Endpoints, tmp_path: Path, size: int
+) -> None:
+    """boto3's managed transfer raises S3UploadFailedError, outside botocore's hierarchy: it must not escape."""
+    store = S3Store(config(stack))
+    path = tmp_path / "segment.log"
+    path.write_bytes(os.urandom(size))
+    key = f"store-test/{'k' * 300}/{uuid.uuid4().hex}.log"  # MinIO refuses a path component over 255 bytes
+    for by_path in (True, False):
+        with pytest.raises(RemoteStoreError) as caught, path.open("rb") as f:
+            store.put_path(key, str(path), size) if by_path else store.put_file(key, f, size)
+        assert not isinstance(caught.value, StoreUnavailable)
+        assert key in str(caught.value) and stack.s3.endpoint_url in str(caught.value)
+        assert "XMinioInvalidObjectName" in str(caught.value)
+    assert store.pending_multipart_uploads("store-test/") == []

@@ -62,7 +62,8 @@ def child_main() -> None:
     else:
         client = boto3.client(
             "s3", endpoint_url=config.endpoint_url, region_name=config.region,
-            aws_access_key_id=config.access_key_id, aws_secret_access_key=config.secret_access_key,
+            aws_access_key_id=config.access_key_id,
+            aws_secret_access_key=config.secret_key(),
         )  # fmt: skip
         client.meta.events.register("before-send.s3.PutObject", count)
         client.meta.events.register("before-send.s3.UploadPart", count)

@@ -8,6 +8,7 @@ total retention (KIP-405), so if the sidecars stop, brokers keep data locally up
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.status import read_status
 from tiering_core.errors import ConfigError, TieringError
 from tiering_core.kafka_cluster import KafkaClusterError, TopicInfo
-from tiering_core.objects import partition_prefix
+from tiering_core.objects import partition_prefixes
 
 console = Console()
 
@@ -169,8 +170,8 @@ def _delete_remote(ctx: SidecarContext, info: TopicInfo) -> int:
                     f"could not delete remote copy at offset {seg.base_offset} of {info.name}-{p.partition}"
                 )
             deleted += 1
-        prefix = partition_prefix(ctx.prefix, info.name, info.topic_id, p.partition) + "/"
-        ctx.store.delete(ctx.store.list_keys(prefix))
+        for prefix in partition_prefixes(ctx.prefix, info.name, info.topic_id, p.partition):
+            ctx.store.delete(ctx.store.list_keys(prefix + "/"))
     return deleted
 
 
@@ -192,7 +193,8 @@ def partition_rows(ctx: SidecarContext, info: TopicInfo) -> list[dict[str, Any]]
                 "partition": p.partition, "leader": p.leader, "Lx": local.lx, "Ly": local.ly, "Lz": local.lz,
                 "Rx": rx, "Ry": ry, "remote_bytes": remote_bytes,
                 "copy_lag_bytes": side.get("copy_lag_bytes"), "copy_lag_segments": side.get("copy_lag_segments"),
-                "segments": counts, "last_error": side.get("last_error"),
+                "segments": counts, "last_error": side.get("last_error"), "failing": side.get("failing", {}),
+                "next_retry_ms": side.get("next_retry_ms"),
             }
         )  # fmt: skip
     return rows
@@ -218,7 +220,8 @@ def status(name: str, as_json: bool, config_file: Path | None) -> None:
         ", ".join(k for k in ("enabled", "upload_paused", "download_paused", "rolled_back") if getattr(tiering, k))
     )  # fmt: skip
     table = Table(title=title)
-    for col in ("partition", "Lx", "Ly", "Lz", "Rx", "Ry", "copy lag", "started/finished/deleting", "last error"):
+    for col in ("partition", "Lx", "Ly", "Lz", "Rx", "Ry", "copy lag", "started/finished/deleting", "last error",
+                "next retry"):  # fmt: skip
         table.add_column(col)
     for r in rows:
         c = r["segments"]
@@ -226,9 +229,14 @@ def status(name: str, as_json: bool, config_file: Path | None) -> None:
         table.add_row(
             str(r["partition"]), str(r["Lx"]), str(r["Ly"]), str(r["Lz"]), str(r["Rx"]), str(r["Ry"]), lag,
             f"{c['COPY_SEGMENT_STARTED']}/{c['COPY_SEGMENT_FINISHED']}/{c['DELETE_SEGMENT_STARTED']}",
-            r["last_error"] or "",
+            r["last_error"] or "", _retry_time(r["next_retry_ms"]),
         )  # fmt: skip
     Console(width=160).print(table)
+
+
+def _retry_time(ms: int | None) -> str:
+    """When a failing operation is tried again, in local time; '' when nothing is failing."""
+    return "" if ms is None else time.strftime("%H:%M:%S", time.localtime(ms / 1000))
 
 
 def vars_or_none(value: object) -> dict[str, Any] | None:

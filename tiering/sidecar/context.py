@@ -13,6 +13,7 @@ from metadata.snapshot import SnapshotStore
 from tiering.config import SidecarSettings
 from tiering.copier import SegmentCopier
 from tiering.metrics import SidecarMetrics
+from tiering.sidecar.retry import Retrier
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.ratelimit import RateLimiter
 from tiering_core.stores.base import RemoteStore
@@ -28,6 +29,7 @@ class SidecarContext:
     store: RemoteStore
     copier: SegmentCopier
     metrics: SidecarMetrics
+    retry: Retrier
     leases: EtcdLeases | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
 
@@ -59,6 +61,7 @@ class SidecarContext:
         leases = None
         if settings.etcd_url:
             leases = EtcdLeases(settings.etcd_url, f"broker-{broker_id}", ttl=settings.etcd_lease_ttl_seconds)
+        metrics = SidecarMetrics()
         return cls(
             settings=settings,
             broker_id=broker_id,
@@ -66,6 +69,7 @@ class SidecarContext:
             manager=manager,
             store=store,
             copier=copier,
-            metrics=SidecarMetrics(),
+            metrics=metrics,
+            retry=Retrier(settings.retry_backoff(), metrics.task_errors),
             leases=leases,
         )

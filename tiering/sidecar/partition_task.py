@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from metadata import SegmentRecord
 from metadata.partition import RemoteSegment
 from segment_fsm import SegmentState, TopicTiering
-from tiering.copier import LocalSegment, SegmentGone
+from tiering.copier import LocalSegment
 from tiering.policy import (
     LocalSegmentInfo,
     OffsetViolation,
@@ -29,14 +29,16 @@ from tiering.policy import (
     remote_segments_to_expire,
 )
 from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.retry import Scope
 from tiering_core.errors import ConfigError, FormatError, TieringError
 from tiering_core.formats import SegmentFiles, list_segments
 from tiering_core.kafka_cluster import LocalOffsets, TopicInfo
 from tiering_core.logs import get_logger
-from tiering_core.objects import SegmentRef, parse_key
+from tiering_core.objects import SegmentRef, parse_key, partition_prefixes
 from tiering_core.stores.base import RemoteStoreError
 
 log = get_logger(__name__)
+Local = list[tuple[LocalSegmentInfo, SegmentFiles]]  # the partition's segments, oldest first
 
 
 @dataclass
@@ -54,9 +56,18 @@ class PartitionFacts:
 
 @dataclass
 class PartitionStatus:
+    """What status.json (and so ``tiering topic status``) shows of the partition."""
+
     copy_lag_bytes: int = 0
     copy_lag_segments: int = 0
     last_error: str | None = None
+    last_error_ms: int | None = None
+    next_retry_ms: int | None = None
+    failing: dict[str, str] = field(default_factory=dict)  # operation -> its error, until it succeeds
+
+
+class CopyFailed(TieringError):
+    """A segment copy failed; its objects were deleted again (or the sweeper will). Retried with backoff."""
 
 
 class PartitionTask:
@@ -67,55 +78,73 @@ class PartitionTask:
         self.topic = topic
         self.topic_id = topic_id
         self.partition = partition
+        self.scope = Scope(topic, topic_id, partition)
         self.status = PartitionStatus()
         self.labels = {"topic": topic, "partition": str(partition)}
         self.corrupt: dict[int, tuple[int, str]] = {}  # base offset -> (size, error): skipped until the size changes
 
     # -- the tick ---------------------------------------------------------------------------
     def step(self, facts: PartitionFacts) -> None:
-        self.status.last_error = None  # set again below by whatever fails in this step
-        try:
-            self._step(facts)
-        except OffsetViolation as exc:
-            self.ctx.metrics.offset_violations.labels(**self.labels).inc()
-            self._error(str(exc))
-        except TieringError as exc:
-            self._error(str(exc))
+        """Run each operation of the partition that is due. Never raises: a failing operation is recorded
+        (log with traceback, metrics, status) and retried after its backoff; the others go on."""
+        retry, scope = self.ctx.retry, self.scope
+        begun = retry.run(scope, "partition", lambda: self._begin(facts))
+        if begun is not None:
+            token, local, offsets = begun
+            epoch = facts.offsets.leader_epoch
+            if facts.uploads_allowed:
+                retry.run(scope, "copy", lambda: self._copy_all(facts, local, offsets, epoch, token))
+                offsets = self._offsets(facts.offsets)
+                self._update_lag(local, offsets)
+            else:
+                retry.clear(scope, "copy")
+            settings = retry.run(scope, "retention", lambda: self._retention(facts))
+            if settings is not None and facts.local_deletion_allowed:
+                retry.run(scope, "local_retention", lambda: self._local_retention(local, offsets, settings))
+            else:
+                retry.clear(scope, "local_retention")
+            if settings is not None:
+                retry.run(scope, "remote_retention",
+                          lambda: self._remote_retention(local, offsets, settings, epoch, token))  # fmt: skip
+            retry.run(scope, "sweep", lambda: self._sweep(epoch, token, offsets))
+            summary = self.ctx.manager.partition_state(self.topic_id, self.partition)
+            self.ctx.metrics.remote_log_size_bytes.labels(**self.labels).set(summary.remote_size if summary else 0)
+        self._refresh_status()
 
-    def _error(self, message: str) -> None:
-        self.status.last_error = message
-        log.error("partition step failed", topic=self.topic, partition=self.partition, error=message)
+    def _refresh_status(self) -> None:
+        for name, value in self.ctx.retry.summary(self.scope).items():
+            setattr(self.status, name, value)
 
-    def _step(self, facts: PartitionFacts) -> None:
+    def _begin(self, facts: PartitionFacts) -> tuple[int, Local, PartitionOffsets]:
+        """The lease's fencing token, the local segments and the offsets, checked; raises if the partition
+        must not be touched this tick (lease elsewhere, offsets out of order)."""
         token = 0
         if self.ctx.leases is not None:
             held = self.ctx.leases.acquire(self.topic_id, self.partition)
             if held is None:
                 raise TieringError(f"{self.topic}-{self.partition}: another sidecar holds the partition lease")
             token = held
-        epoch = facts.offsets.leader_epoch
         local = self._local_segments(facts.partition_dir)
         offsets = self._offsets(facts.offsets)
-        offsets.check(f"{self.topic}-{self.partition}")
         self._update_lag(local, offsets)
-        if facts.uploads_allowed:
-            while not self.ctx.stopping.is_set():
-                decision = next_segment_to_copy([s for s, _ in local], offsets)
-                if decision is None or not self._copy(decision.segment, decision.end_offset, local, epoch, token):
-                    break
-                offsets = self._offsets(facts.offsets)
-            self._update_lag(local, offsets)
-        settings = self._retention(facts)
-        if settings is not None and facts.local_deletion_allowed:
-            self._local_retention(local, offsets, settings)
-        if settings is not None:
-            self._remote_retention(local, offsets, settings, epoch, token)
-        self._sweep(epoch, token, offsets)
-        summary = self.ctx.manager.partition_state(self.topic_id, self.partition)
-        self.ctx.metrics.remote_log_size_bytes.labels(**self.labels).set(summary.remote_size if summary else 0)
+        try:
+            offsets.check(f"{self.topic}-{self.partition}")
+        except OffsetViolation:
+            self.ctx.metrics.offset_violations.labels(**self.labels).inc()
+            raise
+        return token, local, offsets
+
+    def _copy_all(self, facts: PartitionFacts, local: Local,
+                  offsets: PartitionOffsets, epoch: int, token: int) -> None:  # fmt: skip
+        """Copy eligible segments in offset order until none is left (or one is refused)."""
+        while not self.ctx.stopping.is_set():
+            decision = next_segment_to_copy([s for s, _ in local], offsets)
+            if decision is None or not self._copy(decision.segment, decision.end_offset, local, epoch, token):
+                return
+            offsets = self._offsets(facts.offsets)
 
     # -- facts ------------------------------------------------------------------------------
-    def _local_segments(self, partition_dir: Path) -> list[tuple[LocalSegmentInfo, SegmentFiles]]:
+    def _local_segments(self, partition_dir: Path) -> Local:
         out = []
         for files in list_segments(partition_dir):
             try:
@@ -132,7 +161,7 @@ class PartitionTask:
             return PartitionOffsets(local.lx, local.ly, local.lz)
         return PartitionOffsets(local.lx, local.ly, local.lz, summary.remote_start_offset, summary.remote_end_offset)
 
-    def _update_lag(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets) -> None:
+    def _update_lag(self, local: Local, offsets: PartitionOffsets) -> None:
         lag_bytes = lag_segments = 0
         for (seg, _), (following, _) in itertools.pairwise(local):
             done = offsets.ry is not None and following.base_offset - 1 <= offsets.ry
@@ -143,7 +172,7 @@ class PartitionTask:
         self.ctx.metrics.copy_lag_bytes.labels(**self.labels).set(lag_bytes)
         self.ctx.metrics.copy_lag_segments.labels(**self.labels).set(lag_segments)
 
-    def _retention(self, facts: PartitionFacts) -> RetentionSettings | None:
+    def _retention(self, facts: PartitionFacts) -> RetentionSettings:
         try:
             return RetentionSettings(
                 retention_ms=facts.topic.config_int("retention.ms", 7 * 24 * 3600 * 1000),
@@ -152,8 +181,7 @@ class PartitionTask:
                 local_retention_bytes=facts.tiering.local_retention_bytes,
             )
         except ConfigError as exc:
-            self._error(f"{self.topic}: retention settings are inconsistent, no retention applied: {exc}")
-            return None
+            raise ConfigError(f"{self.topic}: inconsistent retention settings, no retention applied: {exc}") from exc
 
     # -- records ----------------------------------------------------------------------------
     def _record(self, ref: SegmentRef, state: SegmentState, end: int, max_ts: int, size: int, epoch: int,
@@ -175,13 +203,12 @@ class PartitionTask:
         return result.accepted
 
     # -- copy -------------------------------------------------------------------------------
-    def _copy(self, seg: LocalSegmentInfo, end: int, local: list[tuple[LocalSegmentInfo, SegmentFiles]], epoch: int,
+    def _copy(self, seg: LocalSegmentInfo, end: int, local: Local, epoch: int,
               token: int) -> bool:  # fmt: skip
         """Copy one segment through the FSM; True when it finished (so the next one may follow)."""
         known = self.corrupt.get(seg.base_offset)
         if known is not None and known[0] == seg.size:
-            self.status.last_error = known[1]  # still corrupt: keep reporting it, never upload it
-            return False
+            raise CopyFailed(known[1])  # still corrupt: keep reporting it, never upload it
         index = next(i for i, (s, _) in enumerate(local) if s.base_offset == seg.base_offset)
         files, next_base = local[index][1], local[index + 1][0].base_offset
         ref = SegmentRef(self.topic, self.topic_id, self.partition, seg.base_offset, uuid.uuid4())
@@ -190,28 +217,24 @@ class PartitionTask:
             return False
         try:
             manifest = self.ctx.copier.copy(ref, LocalSegment(files, next_base), size=seg.size)
-        except (SegmentGone, FormatError, RemoteStoreError) as exc:
-            message = f"copy of {files.log} failed: {exc}"
+        except Exception as exc:  # whatever it is: count it, delete what was written, report it
+            message = f"copy of {files.log} failed: {exc if isinstance(exc, TieringError) else repr(exc)}"
             if isinstance(exc, FormatError):
                 self.corrupt[seg.base_offset] = (seg.size, message)
                 self.ctx.metrics.corrupt_segments.labels(**self.labels).inc()
-            if isinstance(exc, RemoteStoreError):
-                self.ctx.metrics.store_unavailable.inc()
             self.ctx.metrics.copy_errors.labels(**self.labels).inc()
-            self._error(message)
             self._abandon(ref, end, seg, epoch, token)
-            return False
+            raise CopyFailed(message) from exc
         if self.ctx.leases is not None and not self.ctx.leases.is_held(self.topic_id, self.partition):
-            self._error(f"{self.topic}-{self.partition}: lease lost during the copy; not finishing it")
-            return False  # the new holder's sweeper removes the STARTED copy
+            # the new holder's sweeper removes the STARTED copy
+            raise TieringError(f"{self.topic}-{self.partition}: lease lost during the copy; not finishing it")
         short = manifest.mismatch(end, seg.size)  # COPY_SEGMENT_STARTED fixed these; FINISHED must hold them
         if short is not None:
             message = f"copy of {files.log} does not cover the segment, abandoned: {short}"
             self.corrupt[seg.base_offset] = (seg.size, message)
             self.ctx.metrics.copy_errors.labels(**self.labels).inc()
-            self._error(message)
             self._abandon(ref, end, seg, epoch, token)
-            return False
+            raise CopyFailed(message)
         finished = self._record(ref, SegmentState.COPY_SEGMENT_FINISHED, end, manifest.max_timestamp,
                                 manifest.log_size, epoch, token)  # fmt: skip
         if not self._publish(finished):
@@ -232,12 +255,14 @@ class PartitionTask:
                 self.ctx.copier.delete(ref)
                 self._publish(self._record(ref, SegmentState.DELETE_SEGMENT_FINISHED, end, seg.max_timestamp,
                                            seg.size, epoch, token))  # fmt: skip
-        except TieringError as exc:  # the sweeper retries a DELETE_SEGMENT_STARTED later
-            log.error("abandoning a failed copy failed", segment=str(ref), error=str(exc))
+        except Exception as exc:  # the sweeper retries a DELETE_SEGMENT_STARTED later; the copy's error is reported
+            log.error("abandoning a failed copy failed", segment=str(ref), error=str(exc), exc_info=exc)
 
     # -- deletion of remote copies -----------------------------------------------------------
     def delete_copy(self, seg: RemoteSegment, epoch: int, token: int) -> bool:
-        """Delete a remote copy through the FSM (idempotent). True when DELETE_SEGMENT_FINISHED."""
+        """Delete a remote copy through the FSM (idempotent). True when DELETE_SEGMENT_FINISHED, False when
+        the metadata refused a transition; RemoteStoreError when the store failed (the copy stays in
+        DELETE_SEGMENT_STARTED, which the sweeper retries)."""
         ref = SegmentRef(self.topic, self.topic_id, self.partition, seg.base_offset, uuid.UUID(bytes=seg.segment_id))
         common = (seg.end_offset, seg.max_timestamp, seg.size, max(epoch, seg.leader_epoch), token)
         if seg.state != SegmentState.DELETE_SEGMENT_STARTED and not self._publish(
@@ -246,14 +271,13 @@ class PartitionTask:
             return False
         try:
             self.ctx.copier.delete(ref)
-        except RemoteStoreError as exc:
+        except RemoteStoreError:
             self.ctx.metrics.delete_errors.labels(**self.labels).inc()
-            self._error(f"deleting {ref.key(self.ctx.prefix, 'log')} failed: {exc}")
-            return False
+            raise
         return self._publish(self._record(ref, SegmentState.DELETE_SEGMENT_FINISHED, *common))
 
     # -- retention --------------------------------------------------------------------------
-    def _local_retention(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets,
+    def _local_retention(self, local: Local, offsets: PartitionOffsets,
                          settings: RetentionSettings) -> None:  # fmt: skip
         target = local_retention_target([s for s, _ in local], offsets, settings, self.ctx.now_ms())
         if target is None:
@@ -287,7 +311,7 @@ class PartitionTask:
                 raise TieringError(f"{self.topic}-{self.partition}: local data below {target} is kept: {problem}")
             offset = manifest.end_offset + 1
 
-    def _remote_retention(self, local: list[tuple[LocalSegmentInfo, SegmentFiles]], offsets: PartitionOffsets,
+    def _remote_retention(self, local: Local, offsets: PartitionOffsets,
                           settings: RetentionSettings, epoch: int, token: int) -> None:  # fmt: skip
         finished = self.ctx.manager.segments(self.topic_id, self.partition, [SegmentState.COPY_SEGMENT_FINISHED])
         if not finished:
@@ -320,14 +344,12 @@ class PartitionTask:
                 self.delete_copy(seg, epoch, token)
         if offsets.ry is None:
             return
-        prefix = SegmentRef(self.topic, self.topic_id, self.partition, 0, uuid.UUID(int=0)).partition_prefix(
-            self.ctx.prefix
-        )
         orphans = []
-        for key in self.ctx.store.list_keys(prefix + "/"):
-            parsed = parse_key(key)
-            if parsed is not None and parsed[1].bytes not in known and parsed[0] <= offsets.ry:
-                orphans.append(key)
+        for prefix in partition_prefixes(self.ctx.prefix, self.topic, self.topic_id, self.partition):
+            for key in self.ctx.store.list_keys(prefix + "/"):
+                parsed = parse_key(key)
+                if parsed is not None and parsed[1].bytes not in known and parsed[0] <= offsets.ry:
+                    orphans.append(key)
         if orphans:
             log.warning("deleting orphan objects", topic=self.topic, partition=self.partition, count=len(orphans))
             self.ctx.store.delete(orphans)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from types import FrameType
 
 from metadata import WalError
@@ -17,6 +18,7 @@ from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.janitor import delete_partitions_of_deleted_topics
 from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
+from tiering.sidecar.retry import SIDECAR
 from tiering.sidecar.status import write_status
 from tiering.watch import SegmentWatcher
 from tiering_core.errors import TieringError
@@ -79,21 +81,31 @@ class Sidecar:
         self.watcher.wake()
 
     def tick(self) -> None:
-        """One pass over every tiered partition this broker leads (errors are per partition)."""
+        """One pass over every tiered partition this broker leads, then the deleted topics' cleanup.
+
+        Nothing escapes: a partition's failure is its own (see PartitionTask.step), a failure to learn
+        the cluster's state (Kafka unreachable) is the sidecar's and backs off like any operation.
+        """
         if self.ctx.manager.failure is not None:
             return  # never act on a state that stopped following the WAL; run_forever is stopping
         self.ticks += 1
         self._update_wal_lag()
-        try:
-            self._tick()
-            self.last_error = None
-        except Exception as exc:  # Kafka or the store unreachable: report, retry next tick
-            self.last_error = str(exc)
-            log.error("tick failed", error=str(exc))
+        live_ids = self.ctx.retry.run(SIDECAR, "tick", self._tick)
+        if live_ids is not None:
+            self.ctx.retry.run(SIDECAR, "janitor", lambda: self._janitor(live_ids))
+        sidecar = self.ctx.retry.summary(SIDECAR)
+        self.last_error = sidecar["last_error"]
+        deleted = {
+            f"{s.topic}-{s.partition}": self.ctx.retry.summary(s)
+            for s in self.ctx.retry.failing_scopes()
+            if s != SIDECAR and (s.topic_id, s.partition) not in self.tasks
+        }
         write_status(
             self.ctx.settings.state_dir,
             self.ctx.broker_id,
-            {f"{t.topic}-{t.partition}": vars(t.status) for t in self.tasks.values()},
+            {f"{t.topic}-{t.partition}": asdict(t.status) for t in self.tasks.values()},
+            sidecar=sidecar,
+            other_partitions=deleted,
         )
 
     def _update_wal_lag(self) -> None:
@@ -105,7 +117,13 @@ class Sidecar:
         for partition, records in lag.items():
             self.ctx.metrics.metadata_wal_lag.labels(wal_partition=str(partition)).set(records)
 
-    def _tick(self) -> None:
+    def _janitor(self, live_ids: set[str]) -> None:
+        brokers = self.ctx.cluster.broker_ids()
+        if brokers and self.ctx.broker_id == min(brokers):
+            delete_partitions_of_deleted_topics(self.ctx, live_ids)
+
+    def _tick(self) -> set[str]:
+        """Run the partitions' steps; returns the ids of the topics that exist (for the janitor)."""
         ctx = self.ctx
         with ctx.manager.lock:
             topics = {topic_id_str(tid): entry for tid, entry in ctx.manager.state.topics.items()}
@@ -142,10 +160,8 @@ class Sidecar:
             )
             futures.append(self.pool.submit(task.step, facts))
         for future in futures:
-            future.result()
-        brokers = ctx.cluster.broker_ids()
-        if brokers and ctx.broker_id == min(brokers):
-            delete_partitions_of_deleted_topics(ctx, live_ids)
+            future.result()  # step() records its own failures and never raises
+        return live_ids
 
     def close(self) -> None:
         self.watcher.stop()

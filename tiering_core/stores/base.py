@@ -28,11 +28,13 @@ class ObjectNotFound(RemoteStoreError):
 
 
 class StoreUnavailable(RemoteStoreError):
-    """The store could not be reached (network, endpoint down, throttled past retries)."""
+    """The store could not be reached or did not serve (network, endpoint down, 5xx or throttled past
+    botocore's retries). Nothing is deleted locally; retry with backoff."""
 
-    def __init__(self, endpoint: str, cause: object) -> None:
+    def __init__(self, endpoint: str, cause: object, what: str = "") -> None:
         self.endpoint = endpoint
-        super().__init__(f"remote store {endpoint} is unreachable: {cause}")
+        during = f" ({what})" if what else ""
+        super().__init__(f"remote store {endpoint} is unreachable{during}: {cause}")
 
 
 class RemoteStore(Protocol):

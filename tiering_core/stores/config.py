@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 
 class S3StoreConfig(BaseModel):
@@ -18,7 +18,7 @@ class S3StoreConfig(BaseModel):
     region: str | None = None
     path_style: bool = Field(default=False, description="Path-style addressing (most S3-compatible servers).")
     access_key_id: str | None = Field(default=None, description="None: the standard AWS credential chain.")
-    secret_access_key: str | None = None
+    secret_access_key: SecretStr | None = Field(default=None, description="Never shown in logs, errors or repr.")
     sse: Literal["AES256", "aws:kms"] | None = Field(default=None, description="Server-side encryption.")
     kms_key_id: str | None = None
     part_size: int = Field(default=8 << 20, ge=5 << 20, description="Multipart part size (S3 minimum 5 MiB).")
@@ -26,6 +26,10 @@ class S3StoreConfig(BaseModel):
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
     max_attempts: int = Field(default=5, ge=1, description="Attempts per request, with backoff (botocore).")
+
+    def secret_key(self) -> str | None:
+        """The secret access key itself, for boto3 only (a SecretStr everywhere else)."""
+        return self.secret_access_key.get_secret_value() if self.secret_access_key is not None else None
 
 
 class FileSystemStoreConfig(BaseModel):

@@ -16,13 +16,15 @@ from typing import Any, BinaryIO, TypeVar
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
 from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
 from tiering_core.stores.config import S3StoreConfig
 
 T = TypeVar("T")
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+# The store is there but does not serve (after botocore's own retries): as unreachable as a refused connection.
+_UNAVAILABLE = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "XMinioServerNotInitialized"}
 
 
 class S3Store:
@@ -41,7 +43,7 @@ class S3Store:
             "s3",
             endpoint_url=config.endpoint_url,
             aws_access_key_id=config.access_key_id,
-            aws_secret_access_key=config.secret_access_key,
+            aws_secret_access_key=config.secret_key(),
             config=boto_config,
         )
         self.transfer = TransferConfig(
@@ -60,17 +62,33 @@ class S3Store:
                 self.sse["SSEKMSKeyId"] = config.kms_key_id
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        """Run one request; every failure leaves as the store's error hierarchy, naming key and endpoint.
+
+        boto3's managed transfer wraps a ClientError into S3UploadFailedError (the ClientError is its
+        context) and s3transfer has exceptions of its own: none of them may escape the contract.
+        """
         try:
             return fn()
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
+        except RemoteStoreError:
+            raise
+        except Exception as exc:
+            raise self._error(what, key, exc) from exc
+
+    def _error(self, what: str, key: str, exc: Exception) -> RemoteStoreError:
+        where = f"{what} s3://{self.bucket}/{key}"
+        client_error = exc if isinstance(exc, ClientError) else exc.__context__
+        if isinstance(client_error, ClientError):
+            error = client_error.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = int(client_error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             if code in _MISSING:
-                raise ObjectNotFound(key) from exc
-            raise RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {code} {exc}") from exc
-        except (ConnectionError, HTTPClientError) as exc:  # refused, reset, closed early, timed out
-            raise StoreUnavailable(self.endpoint, exc) from exc
-        except BotoCoreError as exc:
-            raise RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {exc}") from exc
+                return ObjectNotFound(key)
+            if code in _UNAVAILABLE or status >= 500:
+                return StoreUnavailable(self.endpoint, f"{code} {error.get('Message', '')}".strip(), where)
+            return RemoteStoreError(f"{where} at {self.endpoint}: {code}: {error.get('Message') or exc}")
+        if isinstance(exc, ConnectionError | HTTPClientError):  # refused, reset, closed early, timed out
+            return StoreUnavailable(self.endpoint, exc, where)
+        return RemoteStoreError(f"{where} at {self.endpoint}: {type(exc).__name__}: {exc}")
 
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         extra = {"ChecksumAlgorithm": "CRC32", **self.sse}

@@ -1,0 +1,118 @@
+"""Store failures stay where they happen: a partition whose uploads the store refuses is reported (status,
+metrics, a logged traceback) and retried with backoff, while the other partitions and the deleted-topic
+janitor go on; a topic with a 249-character name (the longest Kafka allows) is tiered like any other."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.stack import Endpoints
+from metadata.partition import RemoteSegment
+from segment_fsm import PartitionDeleteState, SegmentState
+from tests.conftest import create_topic
+from tests.integration.test_sidecar_policies import SEGMENT, cli, lx, produce, refs, running, topic_objects
+from tests.sidecar_harness import session_credentials, snapshot_segments, wait_for, write_config
+from tiering.sidecar.context import SidecarContext
+from tiering_core.objects import TOPIC_DIR_MAX_BYTES
+
+pytestmark = pytest.mark.integration
+
+
+def refs_of(ctx: SidecarContext, topic_id: str, partition: int) -> list[RemoteSegment]:
+    return ctx.manager.segments(topic_id, partition, [SegmentState.COPY_SEGMENT_FINISHED])
+
+
+def without_keys(config: Path) -> Path:
+    """The same sidecar config, taking its S3 credentials from the standard AWS chain (the environment)."""
+    doc = yaml.safe_load(config.read_text())
+    doc["remote_storage"].pop("access_key_id")
+    doc["remote_storage"].pop("secret_access_key")
+    path = config.with_name("sidecar-env-credentials.yaml")
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_failing_partition_is_reported_while_the_others_and_the_janitor_go_on(
+    stack: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    doomed = create_topic(stack.bootstrap, internal_segment_bytes=SEGMENT)
+    produce(stack.bootstrap, doomed, 8_000)
+    topic = create_topic(stack.bootstrap, partitions=2, internal_segment_bytes=SEGMENT)
+    produce(stack.bootstrap, topic, 16_000)
+    config = write_config(stack, tmp_path)
+    prefix = yaml.safe_load(config.read_text())["remote_storage"]["prefix"]
+    cli("topic", "enable", doomed, "--config", str(config))
+    with running(config) as (ctx, sidecar):
+        doomed_id = ctx.cluster.topics([doomed])[doomed].topic_id
+        wait_for(lambda: len(refs(ctx, doomed, doomed_id)) >= 2, 120, "uploads of the doomed topic", step=sidecar.tick)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    admin.delete_topics([doomed])[doomed].result(60)
+
+    # From now on the sidecar's credentials may not write under partition 0 of `topic` (AccessDenied:
+    # boto3's managed upload raises S3UploadFailedError).
+    denied = f"arn:aws:s3:::{stack.s3.bucket}/{prefix}/{topic}-*/0/*"
+    for name, value in session_credentials(stack, deny={"s3:PutObject": denied}).items():
+        monkeypatch.setenv(name, value)
+    config = without_keys(config)
+    cli("topic", "enable", topic, "--local-retention-bytes", "0", "--config", str(config))
+    caplog.set_level(logging.ERROR, logger="tiering.sidecar.retry")
+    with running(config) as (ctx, sidecar):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+
+        def others_done() -> bool:
+            doomed_state = ctx.manager.partition_state(doomed_id, 0)
+            return (
+                (topic_id, 0) in sidecar.tasks
+                and len(refs_of(ctx, topic_id, 1)) >= 2
+                and doomed_state is not None
+                and doomed_state.delete_state == PartitionDeleteState.DELETE_PARTITION_FINISHED
+            )
+
+        wait_for(others_done, 180, "partition 1 uploads and the deleted topic's cleanup", step=sidecar.tick)
+        assert topic_objects(ctx, doomed, doomed_id) == []
+        status = sidecar.tasks[(topic_id, 0)].status
+        assert status.last_error is not None and "AccessDenied" in status.last_error, status.last_error
+        assert f"{prefix}/{topic}-{topic_id}/0/" in status.last_error and stack.s3.endpoint_url in status.last_error
+        assert "copy" in status.failing and status.next_retry_ms is not None
+        assert sidecar.tasks[(topic_id, 1)].status.last_error is None
+        assert ctx.metrics.copy_errors.labels(topic=topic, partition="0")._value.get() >= 1
+        assert ctx.metrics.task_errors.labels(topic=topic, partition="0", operation="copy")._value.get() >= 1
+        state = ctx.manager.partition_state(topic_id, 0)
+        started = state.segment_counts["COPY_SEGMENT_STARTED"] if state is not None else 0
+        assert started == 0, "failed copies left COPY_SEGMENT_STARTED records behind"
+        assert ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx == 0, "local data deleted without a copy"
+        logged = [r for r in caplog.records if r.getMessage().startswith("operation failed") and r.exc_info]
+        assert logged and "S3UploadFailedError" in caplog.text, "no traceback of the failure was logged"
+        shown = json.loads(cli("topic", "status", topic, "--json", "--config", str(config)))
+        row = next(r for r in shown["partitions"] if r["partition"] == 0)
+        assert "AccessDenied" in row["last_error"] and row["next_retry_ms"] is not None
+
+
+def test_a_topic_with_a_249_character_name_is_tiered_byte_for_byte(stack: Endpoints, tmp_path: Path) -> None:
+    topic = f"long-{uuid.uuid4().hex}-".ljust(249, "x")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"internal.segment.bytes": str(SEGMENT)})])[topic].result(60)
+    produce(stack.bootstrap, topic, 10_000)
+    partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
+    originals = snapshot_segments(partition_dir, tmp_path / "originals")
+    config = write_config(stack, tmp_path)
+    cli("topic", "enable", topic, "--local-retention-bytes", str(2 * SEGMENT), "--config", str(config))
+    with running(config) as (ctx, sidecar):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+        wait_for(lambda: lx(ctx, topic) > 0 and len(refs(ctx, topic, topic_id)) >= 3, 120,
+                 "uploads and local retention", step=sidecar.tick)  # fmt: skip
+        copies = refs(ctx, topic, topic_id)
+        for ref in copies:
+            key = ref.key(ctx.prefix, "log")
+            assert all(len(part.encode()) <= TOPIC_DIR_MAX_BYTES for part in key.split("/")), key
+            assert ctx.store.get_bytes(key) == originals[ref.base_offset], f"remote copy of {key} differs"
+        assert ctx.copier.manifest(copies[0]).topic == topic
+        assert sidecar.tasks[(topic_id, 0)].status.last_error is None
+        assert ctx.manager.partition_state(topic_id, 0).segment_counts["COPY_SEGMENT_STARTED"] == 0
