@@ -21,6 +21,7 @@ Errors (``reader.errors``): ``OffsetOutOfRange``, ``NotInRemote``, ``RemoteObjec
 
 from reader.catalog import MetadataCatalog
 from reader.config import ReaderSettings, load_reader_settings
+from reader.consumer import TieredConsumer
 from reader.errors import (
     NotInRemote,
     OffsetOutOfRange,
@@ -30,8 +31,10 @@ from reader.errors import (
     RemoteUnavailable,
     UnknownTopic,
 )
+from reader.messages import TieredMessage
 from reader.remote import RemoteFetch, RemoteReader
 from reader.segments import SegmentCopy
+from reader.stream import PartitionStream
 from reader.txn import AbortFilter, TxnView
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "MetadataCatalog",
     "NotInRemote",
     "OffsetOutOfRange",
+    "PartitionStream",
     "ReaderSettings",
     "RemoteDataCorrupt",
     "RemoteFetch",
@@ -47,6 +51,8 @@ __all__ = [
     "RemoteReader",
     "RemoteUnavailable",
     "SegmentCopy",
+    "TieredConsumer",
+    "TieredMessage",
     "TxnView",
     "UnknownTopic",
     "load_reader_settings",

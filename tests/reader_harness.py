@@ -32,6 +32,10 @@ class TieredTopic:
     produced: Produced
     ctx: SidecarContext
     sidecar: Sidecar
+    by_partition: dict[int, Produced]
+
+    def end_offset(self, partition: int = 0) -> int:
+        return self.ctx.cluster.local_offsets([(self.topic, partition)])[(self.topic, partition)].lz
 
     def reader_settings(self, **overrides: object) -> ReaderSettings:
         return load_reader_settings(self.config, **overrides)
@@ -43,6 +47,12 @@ class TieredTopic:
         topic_id = self.ctx.cluster.topics([self.topic])[self.topic].topic_id
         state = self.ctx.manager.partition_state(topic_id, partition)
         return None if state is None else state.remote_end_offset
+
+
+def expected(produced: Produced, read_committed: bool) -> dict[int, tuple]:
+    """What a consumer must deliver: every produced record, without the aborted transaction under
+    read_committed (produce_mixed's aborted records have keys ``txn-False-*``)."""
+    return {o: r for o, r in produced.items() if not (read_committed and (r[0] or b"").startswith(b"txn-False-"))}
 
 
 @contextmanager
@@ -70,20 +80,27 @@ def running_sidecar(config: Path) -> Iterator[tuple[SidecarContext, Sidecar]]:
 
 
 @contextmanager
-def tiered_topic(stack: Endpoints, tmp_path: Path, records: int = 20_000, **config: object) -> Iterator[TieredTopic]:
-    """Produce ``records`` mixed records (every codec, headers, nulls, a committed and an aborted
-    transaction), tier them with a real sidecar and wait until the broker's log start is past 0.
-    The sidecar keeps running while the block runs."""
-    topic = create_topic(stack.bootstrap, 1, internal_segment_bytes=SEGMENT)
-    produced = produce_mixed(stack.bootstrap, topic, records)
+def tiered_topic(stack: Endpoints, tmp_path: Path, records: int = 20_000, partitions: int = 1,
+                 **config: object) -> Iterator[TieredTopic]:  # fmt: skip
+    """Produce ``records`` mixed records per partition (every codec, headers, nulls, a committed and an
+    aborted transaction), tier them with a real sidecar and wait until the broker's log start is past 0
+    everywhere. The sidecar keeps running while the block runs. ``produced`` is partition 0's."""
+    topic = create_topic(stack.bootstrap, partitions, internal_segment_bytes=SEGMENT)
+    by_partition = {p: produce_mixed(stack.bootstrap, topic, records, seed=p * records, partition=p)
+                    for p in range(partitions)}  # fmt: skip
+    produced = by_partition[0]
     path = write_config(stack, tmp_path, **config)
     result = CliRunner().invoke(
         main, ["topic", "enable", topic, "--local-retention-bytes", str(LOCAL_RETENTION), "--config", str(path)]
     )
     assert result.exit_code == 0, result.output
     with running_sidecar(path) as (ctx, sidecar):
-        tiered = TieredTopic(topic, path, produced, ctx, sidecar)
+        tiered = TieredTopic(topic, path, produced, ctx, sidecar, by_partition)
 
-        wait_for(lambda: tiered.log_start() > 0, 300, "the sidecar to tier the topic and the broker to delete locally")
+        wait_for(
+            lambda: all(tiered.log_start(p) > 0 for p in range(partitions)),
+            300,
+            "the sidecar to tier the topic and the broker to delete locally",
+        )
         time.sleep(1)
         yield tiered

@@ -74,9 +74,9 @@ def settings(path: Path) -> SidecarSettings:
     return load_settings(path)
 
 
-def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0) -> Produced:
-    """Produce ``count`` records with every codec, keys, null values and headers, plus one committed and
-    one aborted transaction; returns each acknowledged record by offset (aborted ones included)."""
+def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0, partition: int = 0) -> Produced:
+    """Produce ``count`` records to ``partition`` with every codec, keys, null values and headers, plus one
+    committed and one aborted transaction; returns each acknowledged record by offset (aborted ones included)."""
     produced: Produced = {}
 
     def reporter(record: tuple) -> Callable[[KafkaError | None, Message], None]:
@@ -99,7 +99,14 @@ def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0) -> Prod
             record = (key, value, headers)
             while True:
                 try:
-                    producer.produce(topic, key=key, value=value, headers=headers or None, on_delivery=reporter(record))
+                    producer.produce(
+                        topic,
+                        key=key,
+                        value=value,
+                        headers=headers or None,
+                        partition=partition,
+                        on_delivery=reporter(record),
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -110,7 +117,7 @@ def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0) -> Prod
         txn.begin_transaction()
         for i in range(50):
             record = (f"txn-{commit}-{i}".encode(), f"value {i}".encode(), [])
-            txn.produce(topic, key=record[0], value=record[1], on_delivery=reporter(record))
+            txn.produce(topic, key=record[0], value=record[1], partition=partition, on_delivery=reporter(record))
         txn.flush(60)
         txn.commit_transaction(60) if commit else txn.abort_transaction(60)
     return produced

@@ -156,6 +156,14 @@ class KafkaCluster:
             for key in earliest
         }
 
+    def log_start_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Lx (the log start offset) of each partition, in one ListOffsets request per leader."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        if not tps:
+            return {}
+        found = self._list_offsets(tps, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)
+        return {key: info.offset for key, info in found.items()}
+
     def _list_offsets(
         self, tps: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel
     ) -> dict[tuple[str, int], Any]:

@@ -1,0 +1,518 @@
+"""``TieredConsumer``: ``confluent_kafka.Consumer``'s interface over remote copies and the broker.
+
+A real ``confluent_kafka.Consumer`` (the *inner* one) does everything the broker serves: group
+membership, rebalances, commits, and records at or above the broker's log start (Lx). Offsets below
+Lx are read from the remote copies (``PartitionStream``), while the inner consumer keeps that
+partition paused. When the remote data ends at offset H (the remote end Ry + 1, always >= Lx: the
+sidecar deletes locally only what is remote), the inner consumer is sought to exactly H and resumed:
+no gap, no duplicate. If the broker's log start later passes the position of a partition being
+read from the broker (local retention moved the boundary under a slow reader), the inner consumer,
+configured with ``auto.offset.reset=error``, reports it and the partition goes back to remote at the
+same position. Broker records below a partition's position are dropped, so a hand-over can never
+deliver one twice.
+
+Semantics kept from Kafka: positions and commits are "next offset to read"; ``auto.offset.reset``
+earliest means the remote start (Rx), latest the broker's end, anything else an error event
+(``_AUTO_OFFSET_RESET``, as librdkafka reports OffsetOutOfRange); ``isolation.level`` (librdkafka's
+default read_committed) drops aborted transactions and never delivers control batches, as the
+broker does; auto commit (``enable.auto.commit``, ``auto.commit.interval.ms``) commits delivered
+positions, also synchronously before partitions are revoked. Remote read errors are delivered as
+error events naming the object key (``_BAD_MSG`` corrupt, ``KAFKA_STORAGE_ERROR`` missing,
+``_TRANSPORT`` store unreachable) and the partition retries after ``RETRY_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+
+from reader.config import ReaderSettings, load_reader_settings
+from reader.errors import (
+    NotInRemote,
+    OffsetOutOfRange,
+    RemoteDataCorrupt,
+    RemoteObjectMissing,
+    RemoteReadError,
+    RemoteUnavailable,
+)
+from reader.messages import TieredMessage, batch_messages, error_message
+from reader.remote import RemoteReader
+from reader.stream import PartitionStream
+from tiering_core.logs import get_logger
+
+log = get_logger(__name__)
+RETRY_SECONDS = 1.0
+_EARLIEST = {"smallest", "earliest", "beginning"}
+_LATEST = {"largest", "latest", "end"}
+_TRUE = {"true", "1", "yes"}
+Callback = Callable[[Any, list[TopicPartition]], None]
+
+
+class _Partition:
+    __slots__ = ("paused", "pending", "position", "retry_at", "stream", "topic", "tp")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.tp = (topic, partition)
+        self.position: int | None = None  # next offset to deliver; None: wherever the broker starts
+        self.stream: PartitionStream | None = None  # set while reading remote data
+        self.pending: deque[TieredMessage] = deque()
+        self.paused = False
+        self.retry_at = 0.0
+
+
+def _error_for(exc: RemoteReadError) -> KafkaError:
+    if isinstance(exc, OffsetOutOfRange):
+        return KafkaError(KafkaError._AUTO_OFFSET_RESET, f"Offset out of range: {exc}")
+    if isinstance(exc, RemoteDataCorrupt):
+        return KafkaError(KafkaError._BAD_MSG, str(exc))
+    if isinstance(exc, RemoteObjectMissing):
+        return KafkaError(KafkaError.KAFKA_STORAGE_ERROR, str(exc))
+    if isinstance(exc, RemoteUnavailable):
+        return KafkaError(KafkaError._TRANSPORT, str(exc), retriable=True)
+    return KafkaError(KafkaError._FAIL, str(exc))
+
+
+class TieredConsumer:
+    """Drop-in for ``confluent_kafka.Consumer(config)``; ``settings`` say where the remote copies are
+    (default: ``TIERING_*`` env vars, with ``bootstrap.servers`` from ``config``). Not thread-safe, like
+    the consumer it stands for: call it from one thread."""
+
+    def __init__(self, config: dict[str, Any], settings: ReaderSettings | None = None, *,
+                 reader: RemoteReader | None = None) -> None:  # fmt: skip
+        config = dict(config)
+        self._reset = str(config.pop("auto.offset.reset", "largest")).lower()
+        self._auto_commit = str(config.pop("enable.auto.commit", True)).lower() in _TRUE
+        self._auto_commit_s = int(config.pop("auto.commit.interval.ms", 5000)) / 1000
+        self._auto_store = str(config.pop("enable.auto.offset.store", True)).lower() in _TRUE
+        self._read_committed = str(config.get("isolation.level", "read_committed")) == "read_committed"
+        if "cooperative" in str(config.get("partition.assignment.strategy", "")):
+            raise ValueError("TieredConsumer supports the eager assignment strategies (range, roundrobin) only")
+        inner = {**config, "auto.offset.reset": "error", "enable.auto.commit": False, "enable.auto.offset.store": False}
+        self._inner = Consumer(inner)
+        if reader is None:
+            settings = settings or load_reader_settings(bootstrap_servers=config["bootstrap.servers"])
+            reader = RemoteReader.open(settings, [])
+            self._owns_reader = True
+        else:
+            self._owns_reader = False
+        self._reader = reader
+        self._catalog = reader.catalog
+        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._stored: dict[tuple[str, int], int] = {}
+        self._next_commit = time.monotonic() + self._auto_commit_s
+        self._rotation = 0
+        self._in_rebalance = False
+        self._assigned_in_callback = False
+        self._closed = False
+
+    # -- assignment -----------------------------------------------------------------------------
+    def subscribe(self, topics: list[str], on_assign: Callback | None = None, on_revoke: Callback | None = None,
+                  on_lost: Callback | None = None) -> None:  # fmt: skip
+        """Join the group for ``topics`` (names; regular expressions are not supported)."""
+        if any(t.startswith("^") for t in topics):
+            raise ValueError("TieredConsumer.subscribe takes topic names, not regular expressions")
+        self._catalog.watch(topics)
+
+        def assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            self._in_rebalance, self._assigned_in_callback = True, False
+            try:
+                if on_assign is not None:
+                    on_assign(self, partitions)
+                if not self._assigned_in_callback:
+                    self.assign(partitions)
+            finally:
+                self._in_rebalance = False
+
+        def revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            if on_revoke is not None:
+                on_revoke(self, partitions)
+            if self._auto_commit:
+                self._commit_positions(asynchronous=False)
+            self._forget(partitions)
+            self._inner.unassign()
+
+        def lost(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            callback = on_lost or on_revoke
+            if callback is not None:
+                callback(self, partitions)
+            self._forget(partitions)
+            self._inner.unassign()
+
+        self._inner.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+    def unsubscribe(self) -> None:
+        self._inner.unsubscribe()
+        self._forget(list(self._parts_as_tps()))
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Read exactly these partitions from their offsets (OFFSET_INVALID/STORED: the committed offset,
+        else ``auto.offset.reset``). Replaces the current assignment."""
+        if self._in_rebalance:
+            self._assigned_in_callback = True
+        self._catalog.watch({tp.topic for tp in partitions})
+        self._forget([tp for tp in self._parts_as_tps() if (tp.topic, tp.partition) not in
+                      {(p.topic, p.partition) for p in partitions}])  # fmt: skip
+        starts = self._start_positions(partitions)
+        log_starts = self._catalog.cluster.log_start_offsets(list(starts))
+        inner_tps, remote = [], []
+        for key, start in starts.items():
+            part = self._parts.get(key) or _Partition(*key)
+            self._parts[key] = part
+            self._close_stream(part)
+            part.position = start if start >= 0 else None
+            if start >= 0 and start < log_starts[key]:
+                self._go_remote(part, start)
+                remote.append(TopicPartition(*key))
+                inner_tps.append(TopicPartition(*key, log_starts[key]))
+            else:
+                inner_tps.append(TopicPartition(*key, start))
+        self._inner.assign(inner_tps)
+        paused = remote + [TopicPartition(*k) for k, p in self._parts.items() if p.paused]
+        if paused:
+            self._inner.pause(paused)
+
+    def unassign(self) -> None:
+        self._forget(list(self._parts_as_tps()))
+        self._inner.unassign()
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._inner.assignment()
+
+    def _parts_as_tps(self) -> list[TopicPartition]:
+        return [TopicPartition(*k) for k in self._parts]
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            part = self._parts.pop((tp.topic, tp.partition), None)
+            if part is not None:
+                self._close_stream(part)
+            self._stored.pop((tp.topic, tp.partition), None)
+
+    def _start_positions(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        """The first offset to read of each partition (OFFSET_END: the broker's end)."""
+        starts: dict[tuple[str, int], int] = {}
+        stored = [tp for tp in partitions if tp.offset < 0 and tp.offset not in (OFFSET_BEGINNING, OFFSET_END)]
+        committed = {(tp.topic, tp.partition): tp.offset for tp in self._inner.committed(stored)} if stored else {}
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            offset = committed.get(key, tp.offset)
+            if offset == OFFSET_BEGINNING or (offset < 0 and offset != OFFSET_END and self._reset in _EARLIEST):
+                offset = self._earliest(*key)
+            elif offset < 0 and offset != OFFSET_END and self._reset in _LATEST:
+                offset = OFFSET_END  # else (no committed offset, reset=error): the inner consumer reports it
+            starts[key] = offset
+        return starts
+
+    def _earliest(self, topic: str, partition: int) -> int:
+        """The remote start (Rx) when the partition has remote data below the broker's log start."""
+        lx = self._catalog.cluster.log_start_offsets([(topic, partition)])[(topic, partition)]
+        rx, _ = self._catalog.remote_offsets(topic, partition)
+        return lx if rx is None else min(rx, lx)
+
+    # -- remote <-> broker ----------------------------------------------------------------------
+    def _go_remote(self, part: _Partition, offset: int) -> None:
+        part.position = offset
+        part.stream = PartitionStream(self._reader, part.tp[0], part.tp[1], offset,
+                                      read_committed=self._read_committed)  # fmt: skip
+
+    def _close_stream(self, part: _Partition) -> None:
+        if part.stream is not None:
+            part.stream.close()
+            part.stream = None
+        part.pending.clear()
+
+    def _hand_over(self, part: _Partition, offset: int, out: list) -> None:
+        """The remote data ends at ``offset``: continue from the broker there, if it still has it."""
+        lx = self._catalog.cluster.log_start_offsets([part.tp])[part.tp]
+        if offset < lx:  # nothing holds [offset, lx): a hole, or data deleted meanwhile
+            exc = OffsetOutOfRange(part.tp[0], part.tp[1], offset, self._catalog.remote_offsets(*part.tp)[0], lx)
+            if self._reset not in _EARLIEST:
+                out.append(error_message(*part.tp, offset, _error_for(exc)))
+                part.retry_at = time.monotonic() + RETRY_SECONDS
+                return
+            log.warning("offsets missing from remote and broker skipped", error=str(exc))
+            offset = lx
+        self._close_stream(part)
+        part.position = offset
+        self._reposition(TopicPartition(*part.tp, offset))
+        if not part.paused:
+            self._inner.resume([TopicPartition(*part.tp)])
+        log.info("handed over to the broker", topic=part.tp[0], partition=part.tp[1], offset=offset)
+
+    def _reposition(self, tp: TopicPartition) -> None:
+        """Make the inner consumer fetch ``tp`` from its offset (after an offset-reset error, seek is
+        refused: the partition is re-assigned instead)."""
+        try:
+            self._inner.seek(tp)
+        except KafkaException:
+            self._inner.incremental_unassign([TopicPartition(tp.topic, tp.partition)])
+            self._inner.incremental_assign([tp])
+            self._inner.pause([TopicPartition(tp.topic, tp.partition)])
+
+    # -- consuming ------------------------------------------------------------------------------
+    def poll(self, timeout: float | None = None) -> TieredMessage | Any | None:
+        """One message or event, or None after ``timeout`` seconds (None/negative: wait indefinitely)."""
+        got = self.consume(1, -1 if timeout is None else timeout)
+        return got[0] if got else None
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        """Up to ``num_messages`` messages or events, waiting at most ``timeout`` seconds for the first."""
+        if self._closed:
+            raise RuntimeError("Consumer closed")
+        deadline = float("inf") if timeout is None or timeout < 0 else time.monotonic() + timeout
+        out: list = []
+        while True:
+            remote_waiting = self._take_remote(
+                out, num_messages, 0.0 if out else min(0.05, max(0.0, deadline - time.monotonic()))
+            )
+            if len(out) < num_messages:
+                wait = 0.0 if out or remote_waiting else min(0.2, max(0.0, deadline - time.monotonic()))
+                self._take_broker(self._inner.consume(num_messages - len(out), wait), out)
+            if self._auto_commit and time.monotonic() >= self._next_commit:
+                self._commit_positions(asynchronous=True)
+            if out or time.monotonic() >= deadline:
+                return out
+
+    def _take_remote(self, out: list, limit: int, wait: float) -> bool:
+        """Move remote messages into ``out``; True while some remote partition is still downloading."""
+        parts = [p for p in self._parts.values() if p.stream is not None and not p.paused]
+        if not parts:
+            return False
+        now = time.monotonic()
+        self._rotation = (self._rotation + 1) % len(parts)
+        waiting = False
+        for part in parts[self._rotation :] + parts[: self._rotation]:
+            if len(out) >= limit:
+                break
+            if part.retry_at > now:
+                continue
+            if not part.pending:
+                waiting |= self._refill(part, out, wait)
+                wait = 0.0
+            pending = part.pending
+            last = None
+            while pending and len(out) < limit:
+                last = pending.popleft()
+                out.append(last)
+            if last is not None:
+                part.position = last[2] + 1
+            if not pending and part.stream is not None:
+                part.position = max(part.position or 0, part.stream.position)
+        return waiting
+
+    def _refill(self, part: _Partition, out: list, wait: float) -> bool:
+        """Decode the next window of ``part`` into its pending messages; handle the end of remote data."""
+        stream = part.stream
+        assert stream is not None
+        try:
+            batches = stream.read(wait)
+        except NotInRemote:
+            self._hand_over(part, stream.position, out)
+            return False
+        except RemoteReadError as exc:
+            log.error("remote read failed", topic=part.tp[0], partition=part.tp[1], offset=stream.position,
+                      error=str(exc))  # fmt: skip
+            if isinstance(exc, OffsetOutOfRange) and self._reset in _EARLIEST:
+                self._close_stream(part)
+                self._go_remote(part, self._earliest(*part.tp))
+                return True
+            if isinstance(exc, OffsetOutOfRange) and self._reset in _LATEST:
+                self._close_stream(part)
+                part.position = None
+                self._reposition(TopicPartition(*part.tp, OFFSET_END))
+                if not part.paused:
+                    self._inner.resume([TopicPartition(*part.tp)])
+                return False
+            out.append(error_message(*part.tp, stream.position, _error_for(exc)))
+            part.retry_at = time.monotonic() + RETRY_SECONDS
+            return False
+        if not batches:
+            if stream.download_paused:
+                part.retry_at = time.monotonic() + RETRY_SECONDS
+                return False
+            if stream.blocked_at is not None:  # a transaction decided beyond the remote data
+                lx = self._catalog.cluster.log_start_offsets([part.tp])[part.tp]
+                if stream.blocked_at >= lx:
+                    self._hand_over(part, stream.blocked_at, out)
+                    return False
+                part.retry_at = time.monotonic() + RETRY_SECONDS
+            return True
+        messages: list = []
+        for batch in batches:
+            batch_messages(part.tp[0], part.tp[1], batch, messages)
+        part.pending.extend(messages)
+        return False
+
+    def _take_broker(self, messages: list, out: list) -> None:
+        parts = self._parts
+        for m in messages:
+            err = m.error()
+            key = (m.topic(), m.partition())
+            part = parts.get(key)
+            if err is not None:
+                if err.code() == KafkaError._AUTO_OFFSET_RESET and part is not None and part.stream is None:
+                    self._boundary_passed(part, m, out)
+                    continue
+                out.append(m)
+                continue
+            if part is None:
+                out.append(m)
+                continue
+            if part.stream is not None or (part.position is not None and m.offset() < part.position):
+                continue  # fetched before a pause or seek took effect: remote data or a duplicate
+            part.position = m.offset() + 1
+            out.append(m)
+
+    def _boundary_passed(self, part: _Partition, message: Any, out: list) -> None:
+        """The broker deleted data at this partition's position: read it from remote again. Without a
+        position (no committed offset and auto.offset.reset=error) the error is the user's."""
+        position = part.position
+        if position is None:
+            out.append(message)
+            return
+        self._inner.pause([TopicPartition(*part.tp)])
+        log.info("broker log start passed the position; reading remote", topic=part.tp[0], partition=part.tp[1],
+                 offset=position)  # fmt: skip
+        self._go_remote(part, position)
+
+    # -- offsets --------------------------------------------------------------------------------
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The next offset to be delivered per partition (OFFSET_INVALID when not known yet)."""
+        self._sync_broker_positions()
+        out = []
+        for tp in partitions:
+            part = self._parts.get((tp.topic, tp.partition))
+            offset = part.position if part is not None and part.position is not None else -1001
+            out.append(TopicPartition(tp.topic, tp.partition, offset))
+        return out
+
+    def _sync_broker_positions(self) -> None:
+        """Partitions read from the broker move past control records the broker consumer skipped."""
+        broker = [TopicPartition(*k) for k, p in self._parts.items() if p.stream is None]
+        if not broker:
+            return
+        for tp in self._inner.position(broker):
+            part = self._parts[(tp.topic, tp.partition)]
+            if tp.offset >= 0 and (part.position is None or tp.offset > part.position):
+                part.position = tp.offset
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Continue ``partition`` (assigned) from its offset, remote or broker as the offset requires."""
+        key = (partition.topic, partition.partition)
+        part = self._parts.get(key)
+        if part is None:
+            raise KafkaException(KafkaError(KafkaError._STATE, f"{key[0]}-{key[1]} is not assigned"))
+        offset = self._start_positions([partition])[key]
+        self._close_stream(part)
+        lx = self._catalog.cluster.log_start_offsets([key])[key]
+        if 0 <= offset < lx:
+            self._go_remote(part, offset)
+            self._inner.pause([TopicPartition(*key)])
+            return
+        part.position = offset if offset >= 0 else None
+        self._reposition(TopicPartition(*key, offset))
+        if not part.paused:
+            self._inner.resume([TopicPartition(*key)])
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            part = self._parts.get((tp.topic, tp.partition))
+            if part is not None:
+                part.paused = True
+        self._inner.pause(partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        broker = []
+        for tp in partitions:
+            part = self._parts.get((tp.topic, tp.partition))
+            if part is not None:
+                part.paused = False
+                if part.stream is None:
+                    broker.append(tp)
+        if broker:
+            self._inner.resume(broker)
+
+    def store_offsets(self, message: Any = None, offsets: list[TopicPartition] | None = None) -> None:
+        """Offsets auto commit will commit when ``enable.auto.offset.store`` is false."""
+        if message is not None:
+            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        for tp in offsets or []:
+            self._stored[(tp.topic, tp.partition)] = tp.offset
+
+    def commit(self, message: Any = None, offsets: list[TopicPartition] | None = None,
+               asynchronous: bool = True) -> list[TopicPartition] | None:  # fmt: skip
+        """Commit ``message``'s offset + 1, ``offsets``, or the current positions (remote ones included)."""
+        if message is not None:
+            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        if offsets is None:
+            self._sync_broker_positions()
+            offsets = [TopicPartition(*k, p.position) for k, p in self._parts.items() if p.position is not None]
+        if not offsets:
+            raise KafkaException(KafkaError(KafkaError._NO_OFFSET, "no offset to commit"))
+        return self._inner.commit(offsets=offsets, asynchronous=asynchronous)
+
+    def _commit_positions(self, asynchronous: bool) -> None:
+        self._next_commit = time.monotonic() + self._auto_commit_s
+        if self._auto_store:
+            self._sync_broker_positions()
+            offsets = [TopicPartition(*k, p.position) for k, p in self._parts.items() if p.position is not None]
+        else:
+            offsets = [TopicPartition(*k, o) for k, o in self._stored.items()]
+        if offsets:
+            try:
+                self._inner.commit(offsets=offsets, asynchronous=asynchronous)
+            except KafkaException as exc:  # as librdkafka's auto commit: logged, retried at the next interval
+                log.warning("auto commit failed", error=str(exc))
+
+    def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
+        return self._inner.committed(partitions, timeout) if timeout is not None else self._inner.committed(partitions)
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:  # fmt: skip
+        """(low, high): low is the remote start when remote data goes below the broker's log start."""
+        low, high = self._inner.get_watermark_offsets(partition, timeout, cached) if timeout is not None else (
+            self._inner.get_watermark_offsets(partition, cached=cached))  # fmt: skip
+        self._catalog.watch([partition.topic])
+        rx, _ = self._catalog.remote_offsets(partition.topic, partition.partition)
+        return (low if rx is None else min(rx, low)), high
+
+    # -- the rest of the interface --------------------------------------------------------------
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.list_topics(*args, **kwargs)
+
+    def memberid(self) -> str | None:
+        return self._inner.memberid()
+
+    def consumer_group_metadata(self) -> Any:
+        return self._inner.consumer_group_metadata()
+
+    def offsets_for_times(self, *args: Any, **kwargs: Any) -> Any:
+        """Answered by the broker (its time index covers only local data)."""
+        return self._inner.offsets_for_times(*args, **kwargs)
+
+    def close(self) -> None:
+        """Commit (with auto commit), leave the group, free the remote streams. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._auto_commit:
+                self._commit_positions(asynchronous=False)
+            self._inner.close()
+        finally:
+            for part in self._parts.values():
+                self._close_stream(part)
+            self._parts.clear()
+            self._closed = True
+            if self._owns_reader:
+                self._reader.close()
+
+    def __enter__(self) -> TieredConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

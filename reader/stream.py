@@ -1,0 +1,281 @@
+"""Sequential reads of one partition's remote data, with read-ahead into the memory pool.
+
+The copy's ``.log`` is read in windows of ``fetch_window_bytes`` aligned to the object (the first one
+starts at the offset index's position for the start offset), so windows are the unit of the memory
+pool and the disk cache. Up to ``prefetch_windows`` windows after the one being decoded are
+downloaded in the background while the caller decodes (downloads release the GIL); when the last
+window of a copy is scheduled, the next copy is located and its indexes and first windows are
+fetched ahead too (Kafka's KIP-1003: signal the next segment). Read-ahead takes only free room in
+the pool and may be evicted; the window the caller needs is always downloaded (``MemoryPool``).
+
+``read(timeout)`` returns the next decoded batches (records at or after ``position``; control batches
+never, aborted transactions not under read_committed), or ``[]`` when the next window is not there
+yet, when ``tiering topic pause-download`` is in force, or when a read_committed reader reached a
+transaction whose outcome is beyond the remote data (``blocked_at``). It raises NotInRemote at the
+remote end (the caller continues from the broker at ``position``), OffsetOutOfRange below the remote
+start, and the read errors of ``RemoteReader``; after an error, calling again retries from
+``position``: nothing is skipped or delivered twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future
+
+import crc32c
+
+from reader.batches import checked_headers, complete_prefix
+from reader.errors import RemoteDataCorrupt
+from reader.remote import RemoteReader
+from reader.segments import SegmentCopy
+from reader.txn import AbortFilter
+from tiering_core.errors import FormatError
+from tiering_core.formats import RecordBatch, decode_batch
+from tiering_core.logs import get_logger
+
+log = get_logger(__name__)
+IDLE, LOADING, READY, TAKEN = range(4)
+
+
+class _Window:
+    """Bytes ``[start, end)`` of a copy's ``.log``."""
+
+    __slots__ = ("copy", "data", "done", "end", "error", "last", "start", "state")
+
+    def __init__(self, copy: SegmentCopy, start: int, end: int) -> None:
+        self.copy = copy
+        self.start = start
+        self.end = end
+        self.last = end >= copy.size
+        self.data: bytes | None = None
+        self.state = IDLE
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def _windows(copy: SegmentCopy, start: int, width: int) -> list[_Window]:
+    out = []
+    while start < copy.size:
+        end = min(copy.size, (start // width + 1) * width)
+        out.append(_Window(copy, start, end))
+        start = end
+    return out
+
+
+class PartitionStream:
+    """One partition from ``offset`` on. ``read`` from one thread at a time; ``close()`` frees its memory."""
+
+    def __init__(self, reader: RemoteReader, topic: str, partition: int, offset: int, *,
+                 read_committed: bool = False) -> None:  # fmt: skip
+        self.reader = reader
+        self.topic = topic
+        self.partition = partition
+        self.position = offset
+        self.read_committed = read_committed
+        self.blocked_at: int | None = None
+        self.download_paused = False
+        self.width = reader.settings.fetch_window_bytes
+        self.ahead = reader.settings.prefetch_windows
+        self.pool = reader.pool
+        self.windows: deque[_Window] = deque()
+        self.copy: SegmentCopy | None = None
+        self.filter: AbortFilter | None = None
+        self.carry = b""
+        self.last_seen = -1
+        self.crc: int | None = None
+        self.lock = threading.Lock()
+        self.next_job: Future | None = None
+        self.closed = False
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def read(self, timeout: float = 0.0) -> list[RecordBatch]:
+        if self.closed:
+            raise ValueError(f"stream of {self.topic}-{self.partition} is closed")
+        self.download_paused = self.reader.catalog.download_paused(self.topic)
+        if self.download_paused:
+            self._drop_windows()
+            return []
+        if self.copy is None:
+            self._begin(self.reader.locate(self.topic, self.partition, self.position))
+        self._fill()
+        head = self.windows[0]
+        if head.state == LOADING and not head.done.wait(timeout):
+            return []
+        data = self._take(head)
+        try:
+            return self._decode(head, data)
+        finally:
+            self.pool.release(head.size)
+            self._fill()
+
+    def close(self) -> None:
+        self.closed = True
+        self._drop_windows()
+
+    # -- windows --------------------------------------------------------------------------------
+    def _begin(self, copy: SegmentCopy) -> None:
+        self._drop_windows()
+        with self.lock:
+            start = copy.position_for(self.position)
+            self.windows.extend(_windows(copy, start, self.width))
+        self._enter(copy, start)
+
+    def _enter(self, copy: SegmentCopy, start: int) -> None:
+        """The head window now belongs to ``copy``: reset per-copy state."""
+        self.copy = copy
+        self.carry = b""
+        self.last_seen = copy.base_offset - 1
+        self.crc = 0 if start == 0 else None
+        self.blocked_at = None
+        self.position = max(self.position, copy.base_offset)
+        self.filter = AbortFilter(self.reader.transactions(copy), self.position) if self.read_committed else None
+
+    def _fill(self) -> None:
+        """Schedule read-ahead downloads into free pool room; locate the next copy when this one is all planned."""
+        with self.lock:
+            if self.closed or not self.windows:
+                return
+            planned = list(self.windows)[: self.ahead + 1]
+            for w in planned:
+                if w.state == IDLE and w.error is None:
+                    if not self.pool.try_reserve(w.size):
+                        break
+                    w.state = LOADING
+                    w.done.clear()
+                    self.reader.executor.submit(self._download, w)
+            tail = self.windows[-1]
+            if len(self.windows) <= self.ahead and tail.last and self.next_job is None:
+                self.next_job = self.reader.executor.submit(self._plan_next, tail.copy)
+
+    def _plan_next(self, copy: SegmentCopy) -> None:
+        try:
+            following = self.reader.next_copy(copy)
+        except Exception as exc:  # read-ahead only: the caller meets the error itself when it gets there
+            log.warning("locating the next copy ahead failed", topic=self.topic, partition=self.partition,
+                        error=str(exc))  # fmt: skip
+            following = None
+        with self.lock:
+            if following is not None and self.windows and self.windows[-1].copy is copy:
+                self.windows.extend(_windows(following, 0, self.width))
+            self.next_job = None
+        if following is not None:
+            self._fill()
+
+    def _download(self, w: _Window) -> None:
+        try:
+            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=w.start % self.width == 0)
+        except BaseException as exc:
+            with self.pool.cond:
+                w.error, w.state = exc, IDLE
+                self.pool.release(w.size)
+            w.done.set()
+            return
+        with self.pool.cond:
+            if self.closed:
+                w.state = IDLE
+                self.pool.release(w.size)
+            else:
+                w.data, w.state = data, READY
+                self.pool.mark_evictable(id(w), w.size, lambda: self._evict(w))
+        w.done.set()
+
+    def _evict(self, w: _Window) -> bool:
+        """Called by the pool (its lock held): drop read-ahead data not taken yet."""
+        if w.state != READY:
+            return False
+        w.data, w.state = None, IDLE
+        self.pool.release(w.size)
+        return True
+
+    def _take(self, w: _Window) -> bytes:
+        """The head window's bytes, downloaded now if read-ahead did not (or was evicted); its pool bytes
+        stay reserved until the caller releases them."""
+        self.pool.unmark(id(w))
+        with self.pool.cond:
+            if w.state == READY:
+                w.state = TAKEN
+                data = w.data
+                w.data = None
+                assert data is not None
+                return data
+            error, w.error = w.error, None
+        if error is not None:
+            raise error
+        self.pool.reserve(w.size)
+        try:
+            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=w.start % self.width == 0)
+        except BaseException:
+            self.pool.release(w.size)
+            raise
+        w.state = TAKEN
+        return data
+
+    def _drop_windows(self) -> None:
+        with self.lock:
+            windows, self.windows = list(self.windows), deque()
+            self.copy = None
+        for w in windows:
+            self.pool.unmark(id(w))
+            with self.pool.cond:
+                self._evict(w)
+
+    # -- decoding -------------------------------------------------------------------------------
+    def _decode(self, head: _Window, data: bytes) -> list[RecordBatch]:
+        copy = head.copy
+        key = copy.log_key
+        if self.crc is not None:
+            self.crc = crc32c.crc32c(data, self.crc)
+        if self.carry:
+            data = self.carry + data
+        base = head.start - len(self.carry)
+        whole = complete_prefix(key, data, base)
+        if head.last:
+            if whole != len(data):
+                raise RemoteDataCorrupt(key, base + whole, "the object ends inside a batch")
+            if self.crc is not None and self.crc != copy.manifest.log_crc32c:
+                raise RemoteDataCorrupt(key, 0, "CRC-32C of the object does not match the manifest")
+        view = memoryview(data)[:whole]
+        headers = checked_headers(key, view, base, copy.base_offset, copy.end_offset, self.last_seen)
+        out: list[RecordBatch] = []
+        position = self.position
+        keep = self.filter
+        for h in headers:
+            if h.last_offset < position:
+                continue
+            if keep is not None:
+                if keep.unresolved_at(h):
+                    self.blocked_at = max(position, h.base_offset)
+                    self.position = position
+                    self._drop_windows()  # located again (with the newer metadata) on the next read
+                    return out
+                if not keep.keep(key, view, h):
+                    position = h.last_offset + 1
+                    continue
+            if not h.is_control:
+                try:
+                    batch = decode_batch(key, view, h)
+                except FormatError as exc:
+                    raise RemoteDataCorrupt(key, base + exc.position, exc.reason) from exc
+                if h.base_offset < position:
+                    batch = RecordBatch(h, [r for r in batch.records if r.offset >= position])
+                out.append(batch)
+            position = h.last_offset + 1
+        self.position = position
+        if headers:
+            self.last_seen = headers[-1].last_offset
+        self.carry = data[whole:]
+        with self.lock:
+            self.windows.popleft()
+            following = self.windows[0] if self.windows else None
+        if head.last:
+            self.position = max(self.position, copy.end_offset + 1)
+            if following is not None and following.copy is not copy:
+                self._enter(following.copy, 0)
+            else:
+                self.copy = None
+        return out

@@ -1,0 +1,131 @@
+"""TieredConsumer and PartitionStream on the real stack: remote below the broker's log start, then the broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Message, TopicPartition
+
+from deploy.stack import Endpoints
+from reader import NotInRemote, PartitionStream, RemoteReader, TieredConsumer, TieredMessage
+from tests.reader_harness import TieredTopic, expected, tiered_topic
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TieredTopic]:
+    with tiered_topic(stack, tmp_path_factory.mktemp("reader-consumer")) as t:
+        yield t
+
+
+def as_record(m: Any) -> tuple:
+    return (m.key(), m.value(), list(m.headers() or []))
+
+
+def drain(consumer: TieredConsumer, ends: dict[int, int], timeout: float = 120) -> dict[int, list[Any]]:
+    """Consume until every partition's position reaches its end offset; messages by partition, in order."""
+    got: dict[int, list[Any]] = {p: [] for p in ends}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for m in consumer.consume(500, 1.0):
+            assert m.error() is None, m.error()
+            got[m.partition()].append(m)
+        positions = consumer.position([TopicPartition(m_topic(consumer), p) for p in ends])
+        if all(tp.offset >= ends[tp.partition] for tp in positions):
+            return got
+    raise AssertionError(f"not at the end after {timeout}s: {consumer.position([])}")
+
+
+def m_topic(consumer: TieredConsumer) -> str:
+    return next(iter(consumer._parts))[0]
+
+
+def check(messages: list[Any], produced: dict[int, tuple], read_committed: bool) -> None:
+    offsets = [m.offset() for m in messages]
+    assert offsets == sorted(set(offsets)), "duplicates or out of order"
+    want = expected(produced, read_committed)
+    assert offsets == sorted(want), (
+        f"missing {sorted(set(want) - set(offsets))[:5]} extra {sorted(set(offsets) - set(want))[:5]}"
+    )
+    for m in messages:
+        assert as_record(m) == want[m.offset()], f"offset {m.offset()} differs"
+
+
+def test_stream_reads_every_remote_record_across_windows_and_copies(tiered: TieredTopic) -> None:
+    settings = tiered.reader_settings(fetch_window_bytes=64 * 1024, prefetch_windows=3, prefetch_pool_bytes=4 << 20)
+    with RemoteReader.open(settings, [tiered.topic]) as reader:
+        stream = PartitionStream(reader, tiered.topic, 0, 0)
+        records = []
+        while True:
+            try:
+                for batch in stream.read(5.0):
+                    records.extend(batch.records)
+            except NotInRemote:
+                break
+        _, ry = reader.catalog.remote_offsets(tiered.topic, 0)
+        assert reader.pool.peak <= 4 << 20
+        stream.close()
+        assert reader.pool.used == 0
+    assert stream.position == ry + 1
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(set(offsets))
+    for r in records:
+        assert (r.key, r.value, list(r.headers)) == tiered.produced[r.offset]
+    markers = set(range(ry + 1)) - set(offsets)
+    assert all(o not in tiered.produced for o in markers), "a produced record was not delivered"
+
+
+@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
+def test_assigned_from_zero_remote_then_broker_without_gap_or_duplicate(tiered: TieredTopic, isolation: str) -> None:
+    lx = tiered.log_start()
+    end = tiered.end_offset()
+    config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+              "isolation.level": isolation, "enable.auto.commit": False}  # fmt: skip
+    with TieredConsumer(config, tiered.reader_settings()) as consumer:
+        consumer.assign([TopicPartition(tiered.topic, 0, 0)])
+        messages = drain(consumer, {0: end})[0]
+    check(messages, tiered.produced, isolation == "read_committed")
+    remote = [m for m in messages if isinstance(m, TieredMessage)]
+    broker = [m for m in messages if isinstance(m, Message)]
+    assert remote and broker and len(remote) + len(broker) == len(messages)
+    # the sidecar keeps tiering meanwhile, so the boundary is wherever the broker's log start was then
+    assert remote[0].offset() == 0 and lx <= broker[0].offset()
+    assert max(m.offset() for m in remote) < min(m.offset() for m in broker)
+    first = remote[0]
+    assert first.timestamp()[0] in (1, 2) and first.leader_epoch() is not None
+
+
+def test_subscribe_earliest_starts_at_the_remote_start_and_commits(tiered: TieredTopic) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": group,
+              "auto.offset.reset": "earliest", "enable.auto.commit": False}  # fmt: skip
+    with TieredConsumer(config, tiered.reader_settings()) as consumer:
+        consumer.subscribe([tiered.topic])
+        first = None
+        while first is None:
+            first = consumer.poll(1.0)
+        assert first.error() is None and first.offset() == 0
+        got = [first, *consumer.consume(99, 10)]
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([TopicPartition(tiered.topic, 0)])[0].offset
+        assert committed == got[-1].offset() + 1 and committed < tiered.log_start()
+    with TieredConsumer(config, tiered.reader_settings()) as again:
+        again.subscribe([tiered.topic])
+        nxt = None
+        while nxt is None:
+            nxt = again.poll(1.0)
+        assert nxt.offset() == committed, "a new member continues at the committed remote offset"
+
+
+def test_offset_below_remote_start_is_out_of_range(tiered: TieredTopic) -> None:
+    config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+              "auto.offset.reset": "error", "enable.auto.commit": False}  # fmt: skip
+    with TieredConsumer(config, tiered.reader_settings()) as consumer:
+        consumer.assign([TopicPartition(tiered.topic, 0, -5)])
+        # -5 is no offset at all; an offset below Rx comes from retention (test_reader_faults)
+        assert consumer.position([TopicPartition(tiered.topic, 0)])[0].offset == -1001
