@@ -75,20 +75,23 @@ class S3Store:
             raise self._error(what, key, exc) from exc
 
     def _error(self, what: str, key: str, exc: Exception) -> RemoteStoreError:
-        where = f"{what} s3://{self.bucket}/{key}"
         client_error = exc if isinstance(exc, ClientError) else exc.__context__
         if isinstance(client_error, ClientError):
             error = client_error.response.get("Error", {})
-            code = str(error.get("Code", ""))
             status = int(client_error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-            if code in _MISSING:
-                return ObjectNotFound(key)
-            if code in _UNAVAILABLE or status >= 500:
-                return StoreUnavailable(self.endpoint, f"{code} {error.get('Message', '')}".strip(), where)
-            return RemoteStoreError(f"{where} at {self.endpoint}: {code}: {error.get('Message') or exc}")
+            return self._refused(what, key, str(error.get("Code", "")), error.get("Message") or str(exc), status)
         if isinstance(exc, ConnectionError | HTTPClientError):  # refused, reset, closed early, timed out
-            return StoreUnavailable(self.endpoint, exc, where)
-        return RemoteStoreError(f"{where} at {self.endpoint}: {type(exc).__name__}: {exc}")
+            return StoreUnavailable(self.endpoint, exc, f"{what} s3://{self.bucket}/{key}")
+        return RemoteStoreError(f"{what} s3://{self.bucket}/{key} at {self.endpoint}: {type(exc).__name__}: {exc}")
+
+    def _refused(self, what: str, key: str, code: str, message: str, status: int = 0) -> RemoteStoreError:
+        """The error for an answer of the store with an error ``code`` (a whole request's or one key's)."""
+        where = f"{what} s3://{self.bucket}/{key}"
+        if code in _MISSING:
+            return ObjectNotFound(key)
+        if code in _UNAVAILABLE or status >= 500:
+            return StoreUnavailable(self.endpoint, f"{code} {message}".strip(), where)
+        return RemoteStoreError(f"{where} at {self.endpoint}: {code}: {message}")
 
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         extra = {"ChecksumAlgorithm": "CRC32", **self.sse}
@@ -155,7 +158,10 @@ class S3Store:
             )  # fmt: skip
             errors = [e for e in response.get("Errors", []) if e.get("Code") not in _MISSING]
             if errors:
-                raise RemoteStoreError(f"deleting from s3://{self.bucket} at {self.endpoint}: {errors[:3]}")
+                more = f" (and {len(errors) - 1} more keys)" if len(errors) > 1 else ""
+                first = errors[0]
+                raise self._refused(f"delete{more}", str(first.get("Key")), str(first.get("Code")),
+                                    str(first.get("Message", "")))  # fmt: skip
 
     def pending_multipart_uploads(self, prefix: str) -> list[str]:
         """Keys with unfinished multipart uploads under ``prefix`` (there should be none)."""
