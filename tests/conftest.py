@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from deploy import stack as stack_mod
 from deploy.errors import StackError
@@ -66,6 +66,18 @@ def create_topic(bootstrap: str, partitions: int = 1, replication: int = 1, **co
     )
     futures[name].result(timeout=60)
     return name
+
+
+def set_topic_config(bootstrap: str, topic: str, **configs: Any) -> None:
+    """Change some of a topic's configs, keeping the others (incremental, not a full replace)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entries = [
+        ConfigEntry(k.replace("_", "."), str(v), incremental_operation=AlterConfigOpType.SET)
+        for k, v in configs.items()
+    ]
+    resource = ConfigResource("topic", topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
 
 
 @pytest.fixture

@@ -7,16 +7,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from deploy.stack import Endpoints
 from segment_fsm import SegmentState
-from tests.conftest import create_topic
+from tests.conftest import create_topic, set_topic_config
 from tests.fault_proxy import TcpProxy
 from tests.sidecar_harness import decoded_offsets, settings, wait_for, write_config
 from tiering.cli.main import main
@@ -73,18 +71,6 @@ def refs(ctx: SidecarContext, topic: str, topic_id: str) -> list[SegmentRef]:
 
 def topic_objects(ctx: SidecarContext, topic: str, topic_id: str) -> list[str]:
     return ctx.store.list_keys(f"{ctx.prefix}/{topic}-{topic_id}/")
-
-
-def set_topic_config(bootstrap: str, topic: str, **configs: Any) -> None:
-    """Change some of a topic's configs, keeping the others (incremental, not a full replace)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    entries = [
-        ConfigEntry(k.replace("_", "."), str(v), incremental_operation=AlterConfigOpType.SET)
-        for k, v in configs.items()
-    ]
-    resource = ConfigResource("topic", topic, incremental_configs=entries)
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(30)
 
 
 def test_rollback_stops_tiering_keeps_remote_readable_and_delete_remote_removes_it(

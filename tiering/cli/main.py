@@ -20,6 +20,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "sidecar": ("tiering.cli.sidecar", "sidecar", "Run the sidecar beside a broker."),
     "topic": ("tiering.cli.topic", "topic", "Enable, pause, resume, roll back and inspect tiering of a topic."),
     "cluster": ("tiering.cli.topic", "cluster", "Cluster-wide pause, resume, rollback and status."),
+    "reader": ("tiering.cli.reader", "reader", "Serve records of tiered topics over HTTP from remote storage."),
 }
 
 

@@ -1,0 +1,149 @@
+"""What one HTTP request serves, without HTTP: a bounded remote fetch, filtered by the isolation level.
+
+``FetchService`` is the whole state of a service instance: a ``RemoteReader`` (catalog, caches,
+memory pool) and the metrics. Nothing about a client is kept between requests (the next offset
+travels in the response), so any number of instances can serve behind a load balancer.
+
+read_committed is the broker's and the consumer's rule together: the broker would send the batches
+and the aborted transactions, the consumer drops the aborted batches and every control batch. Here
+the service drops them itself, so a client needs no transaction logic: the body holds only whole
+batches as Kafka wrote them. A transaction whose outcome is not in the remote data yet ends the
+page at its first offset (``last_stable_offset``, as the broker's LSO).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
+from reader.http.metrics import FetchMetrics
+from reader.remote import RemoteFetch, RemoteReader
+from reader.txn import AbortFilter
+from tiering_core.errors import TieringError
+from tiering_core.formats import BatchHeader
+from tiering_core.logs import get_logger
+
+log = get_logger(__name__)
+
+IsolationLevel = Literal["read_uncommitted", "read_committed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """The batches one request serves (positions in ``headers`` are relative to ``data``).
+
+    ``next_offset`` is where the next request continues. ``last_stable_offset`` is set when
+    read_committed stopped before a transaction whose outcome is not remote yet.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    data: bytes
+    headers: list[BatchHeader]
+    next_offset: int
+    remote_start: int | None
+    remote_end: int | None
+    last_stable_offset: int | None
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """Where a partition's data is: remote start/end (inclusive) and the broker's log start/end."""
+
+    topic: str
+    partition: int
+    remote_start: int | None
+    remote_end: int | None
+    log_start: int | None
+    log_end: int | None
+
+
+class FetchService:
+    """One service instance's state: the remote reader and the metrics. Thread-safe."""
+
+    def __init__(self, reader: RemoteReader, metrics: FetchMetrics | None = None) -> None:
+        self.reader = reader
+        self.catalog = reader.catalog
+        self.metrics = metrics or FetchMetrics(reader)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    # -- partitions ------------------------------------------------------------------------------
+    def check_partition(self, topic: str, partition: int) -> None:
+        """Raises UnknownTopic when the cluster has no such topic or the topic no such partition."""
+        info = self.catalog.topic_info(topic)
+        if not any(p.partition == partition for p in info.partitions):
+            raise UnknownTopic(f"topic {topic!r} has no partition {partition} (it has {len(info.partitions)})")
+
+    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        """Remote start/end from the metadata, the broker's log start/end from ListOffsets (None if the
+        broker does not answer: the remote part is served anyway)."""
+        self.check_partition(topic, partition)
+        rx, ry = self.catalog.remote_offsets(topic, partition)
+        lx, lz = self.broker_offsets(topic, partition)
+        return PartitionOffsets(topic, partition, rx, ry, lx, lz)
+
+    def broker_offsets(self, topic: str, partition: int) -> tuple[int | None, int | None]:
+        try:
+            local = self.catalog.cluster.local_offsets([(topic, partition)])[(topic, partition)]
+        except TieringError as exc:
+            log.warning("broker offsets unavailable", topic=topic, partition=partition, error=str(exc))
+            return None, None
+        return local.lx, local.lz
+
+    # -- fetching --------------------------------------------------------------------------------
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int, isolation: IsolationLevel) -> Page:
+        """Whole batches from the one holding ``offset``, about ``max_bytes`` of them (at least one).
+
+        Raises UnknownTopic, OffsetOutOfRange (below the remote start), NotInRemote (above the remote
+        end: the broker serves it), RemoteObjectMissing, RemoteDataCorrupt, RemoteUnavailable.
+        """
+        self.check_partition(topic, partition)
+        started = time.monotonic()
+        try:
+            fetched = self.reader.fetch(topic, partition, offset, max_bytes)
+        except (OffsetOutOfRange, NotInRemote):
+            raise
+        except RemoteReadError as exc:
+            self.metrics.fetch_failed(topic, partition)
+            log.error("remote fetch failed", topic=topic, partition=partition, offset=offset, error=str(exc))
+            raise
+        self.metrics.fetched(topic, partition, len(fetched.data), time.monotonic() - started)
+        rx, ry = self.catalog.remote_offsets(topic, partition)
+        if isolation == "read_committed":
+            data, headers, next_offset, lso = self._committed(fetched, offset)
+        else:
+            data, headers, next_offset, lso = fetched.data, fetched.headers, fetched.next_offset, None
+        return Page(topic, partition, offset, data, headers, next_offset, rx, ry, lso, fetched.copy.log_key)
+
+    def _committed(self, fetched: RemoteFetch, offset: int) -> tuple[bytes, list[BatchHeader], int, int | None]:
+        """The batches read_committed delivers: no aborted batch, no control batch, nothing from an open
+        transaction on (``fetched.headers`` are in offset order)."""
+        key = fetched.copy.log_key
+        filt = AbortFilter(self.reader.transactions(fetched.copy), offset)
+        kept: list[BatchHeader] = []
+        next_offset, lso = fetched.next_offset, None
+        for h in fetched.headers:
+            if filt.unresolved_at(h):
+                next_offset = lso = max(offset, h.base_offset)
+                break
+            if filt.keep(key, fetched.data, h):
+                kept.append(h)
+        if len(kept) == len(fetched.headers):
+            return fetched.data, kept, next_offset, lso
+        parts, headers, position = [], [], 0
+        for h in kept:
+            parts.append(fetched.data[h.position : h.position + h.size])
+            headers.append(h._replace(position=position))
+            position += h.size
+        return b"".join(parts), headers, next_offset, lso
+
+    # -- health ----------------------------------------------------------------------------------
+    def ready(self, timeout: float) -> None:
+        """Raises (WalError, KafkaClusterError) unless the metadata is followed and caught up now."""
+        self.catalog.catch_up(timeout)

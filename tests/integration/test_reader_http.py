@@ -1,0 +1,385 @@
+"""The HTTP fetch service on the real stack: `tiering reader serve` as real processes, a topic tiered by a
+real sidecar (every codec, headers, null keys and values, a committed and an aborted transaction),
+read from offset 0 raw (decoded by kafka-python, an independent decoder) and as JSON."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+from kafka.record.memory_records import MemoryRecords
+
+from deploy.stack import Endpoints
+from reader import RemoteReader
+from tests.conftest import set_topic_config
+from tests.fault_proxy import TcpProxy
+from tests.reader_harness import TieredTopic, tiered_topic
+from tests.sidecar_harness import Produced, produce_mixed, wait_for
+
+pytestmark = pytest.mark.integration
+
+TOKENS = ("token-one", "token-two")
+
+
+@dataclass
+class Service:
+    """A `tiering reader serve` process and a client authenticated with the first token."""
+
+    url: str
+    process: subprocess.Popen
+    log: Path
+    client: httpx.Client
+
+    def get(self, path: str, **params: object) -> httpx.Response:
+        return self.client.get(path, params=params)
+
+    def stop(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(config: Path, log: Path, **env: str) -> Service:
+    """Start the service on a free port and wait until /readyz says the metadata is caught up."""
+    port = free_port()
+    environ = {**os.environ, "TIERING_HTTP__TOKENS": f'["{TOKENS[0]}", "{TOKENS[1]}"]', **env}
+    out = log.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tiering", "reader", "serve", "--config", str(config), "--port", str(port)],
+        stdout=out, stderr=subprocess.STDOUT, env=environ,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKENS[0]}"}, timeout=120)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the service exited with {process.returncode}:\n{log.read_text()}"
+        try:
+            if client.get("/readyz").status_code == 200:
+                return Service(url, process, log, client)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    raise AssertionError(f"the service did not become ready:\n{log.read_text()}")
+
+
+@dataclass
+class Tiered:
+    """The tiered topic, with more records produced after its transactions so that those are tiered too."""
+
+    topic: TieredTopic
+    produced: Produced
+    aborted: set[int]
+
+    @property
+    def name(self) -> str:
+        return self.topic.topic
+
+
+@pytest.fixture(scope="module")
+def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiered]:
+    with tiered_topic(stack, tmp_path_factory.mktemp("reader-http")) as t:
+        first = dict(t.produced)
+        more = produce_mixed(stack.bootstrap, t.topic, 4000, seed=100_000)  # rolls the transactions' segment
+        aborted = {o for o, (k, _, _) in first.items() if k is not None and k.startswith(b"txn-False-")}
+        abort_marker = max(first) + 1
+        wait_for(lambda: (t.remote_end() or 0) > abort_marker, 300, "the transactions to be tiered")
+        yield Tiered(t, {**first, **more}, aborted)
+
+
+@pytest.fixture(scope="module")
+def services(tiered: Tiered, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Service]]:
+    """Two instances of the service on the same configuration (as behind a load balancer)."""
+    logs = tmp_path_factory.mktemp("reader-http-logs")
+    started = [start_service(tiered.topic.config, logs / f"service-{i}.log") for i in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+def path(t: Tiered, what: str = "", partition: int = 0) -> str:
+    return f"/v1/topics/{t.name}/partitions/{partition}{what}"
+
+
+def read_raw(services: list[Service], t: Tiered, isolation: str, max_bytes: int) -> tuple[list[bytes], dict]:
+    """Every body from offset 0 until the 416 at the remote end, alternating between the instances."""
+    bodies: list[bytes] = []
+    offset = 0
+    for i in range(100_000):
+        r = services[i % len(services)].get(path(t, "/batches"), offset=offset, max_bytes=max_bytes,
+                                            isolation_level=isolation)  # fmt: skip
+        if r.status_code == 416:
+            return bodies, r.json()
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/octet-stream"
+        next_offset = int(r.headers["Kafka-Next-Offset"])
+        assert next_offset > offset, "the next offset does not advance"
+        assert int(r.headers["Kafka-Record-Batches"]) == len(list(batches(r.content)))
+        bodies.append(r.content)
+        offset = next_offset
+    raise AssertionError("the remote end was never reached")
+
+
+def batches(body: bytes):
+    records = MemoryRecords(body)
+    while (batch := records.next_batch()) is not None:
+        yield batch
+
+
+def decode_independently(bodies: list[bytes]) -> dict[int, tuple]:
+    """kafka-python's parsing of the raw bodies: offset -> (key, value, headers, is_control)."""
+    out: dict[int, tuple] = {}
+    for body in bodies:
+        for batch in batches(body):
+            assert batch.validate_crc(), f"batch at offset {batch.base_offset} fails kafka-python's CRC check"
+            for r in batch:
+                if r.offset in out:  # a page may begin with the batch that the last page ended in
+                    assert out[r.offset] == (r.key, r.value, list(r.headers), batch.is_control_batch)
+                    continue
+                out[r.offset] = (r.key, r.value, list(r.headers), batch.is_control_batch)
+    return out
+
+
+def test_raw_batches_are_the_remote_objects_and_every_produced_record(services: list[Service], tiered: Tiered) -> None:
+    bodies, end = read_raw(services, tiered, "read_uncommitted", 50_000)
+    ry = end["remote_end_offset"]
+    assert end["error"] == "OFFSET_OUT_OF_RANGE" and end["offset"] == ry + 1
+    assert end["log_start_offset"] is not None and end["log_start_offset"] <= ry + 1, "a gap before the broker"
+    assert "the broker serves it" in end["message"]
+    with RemoteReader.open(tiered.topic.reader_settings(), [tiered.name]) as reader:
+        copies = [reader.locate(tiered.name, 0, c.base_offset) for c in reader.catalog.copies(tiered.name, 0)]
+        objects = b"".join(reader.fetcher.store.get_bytes(c.log_key) for c in copies if c.end_offset <= ry)
+    assert b"".join(bodies) == objects, "the bodies are not the remote objects' bytes, in order, once each"
+    decoded = decode_independently(bodies)
+    assert sorted(decoded) == list(range(ry + 1)), "offsets missing or extra"
+    for offset, (key, value, headers, control) in decoded.items():
+        if offset in tiered.produced:
+            assert (key, value, headers) == tiered.produced[offset], f"offset {offset} differs from what was produced"
+        else:
+            assert control, f"offset {offset} is neither produced nor a transaction marker"
+
+
+def read_json(service: Service, t: Tiered, **params: object) -> tuple[list[dict], dict]:
+    records: list[dict] = []
+    offset = 0
+    while True:
+        r = service.get(path(t, "/records"), offset=offset, **params)
+        if r.status_code == 416:
+            return records, r.json()
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert page["offset"] == offset and page["next_offset"] > offset
+        records += page["records"]
+        offset = page["next_offset"]
+
+
+def unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+@pytest.mark.parametrize("max_records", [1000, 10_000])
+def test_json_records_are_every_produced_record_in_order(
+    services: list[Service], tiered: Tiered, max_records: int
+) -> None:
+    records, end = read_json(services[0], tiered, max_records=max_records, max_bytes=200_000)
+    ry = end["remote_end_offset"]
+    offsets = [r["offset"] for r in records]
+    assert offsets == sorted(set(offsets)), "records out of order or served twice"
+    assert offsets == [o for o in sorted(tiered.produced) if o <= ry], "not exactly the produced records up to Ry"
+    for r in records:
+        key, value, headers = tiered.produced[r["offset"]]
+        assert (unb64(r["key"]), unb64(r["value"])) == (key, value), f"offset {r['offset']} differs"
+        assert [(h["key"], unb64(h["value"])) for h in r["headers"]] == headers
+        assert r["timestamp_type"] == "CreateTime" and r["timestamp"] > 1_600_000_000_000
+        assert r["leader_epoch"] is not None and r["leader_epoch"] >= 0
+
+
+def test_json_utf8_encoding_gives_the_text(services: list[Service], tiered: Tiered) -> None:
+    r = services[1].get(path(tiered, "/records"), offset=0, max_records=50, encoding="utf-8")
+    assert r.status_code == 200, r.text
+    page = r.json()
+    assert page["encoding"] == "utf-8" and len(page["records"]) == 50
+    for rec in page["records"]:
+        key, value, headers = tiered.produced[rec["offset"]]
+        assert rec["key"] == (key.decode() if key is not None else None)
+        assert rec["value"] == (value.decode() if value is not None else None)
+        assert [(h["key"], h["value"]) for h in rec["headers"]] == [(k, v and v.decode()) for k, v in headers]
+
+
+def test_read_committed_drops_aborted_records_and_markers(services: list[Service], tiered: Tiered) -> None:
+    bodies, end = read_raw(services, tiered, "read_committed", 30_000)
+    ry = end["remote_end_offset"]
+    assert max(tiered.aborted) < ry, "the aborted transaction is not in the remote range"
+    decoded = decode_independently(bodies)
+    expected = {o for o in tiered.produced if o <= ry} - tiered.aborted
+    assert set(decoded) == expected, "read_committed served other records than the committed ones"
+    assert not any(control for *_, control in decoded.values()), "a control batch was served"
+    records, _ = read_json(services[0], tiered, isolation_level="read_committed", max_records=3000)
+    assert [r["offset"] for r in records] == sorted(expected)
+    committed = [o for o, (k, _, _) in tiered.produced.items() if k and k.startswith(b"txn-True-") and o <= ry]
+    assert committed and set(committed) <= set(decoded), "the committed transaction is missing"
+
+
+def test_bad_requests_get_4xx_with_a_message(services: list[Service], tiered: Tiered) -> None:
+    s = services[0]
+    anonymous = httpx.get(f"{s.url}{path(tiered, '/records')}", params={"offset": 0}, timeout=30)
+    assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"].startswith("Bearer")
+    assert anonymous.json()["error"] == "UNAUTHORIZED" and "bearer token" in anonymous.json()["message"]
+    wrong = httpx.get(f"{s.url}{path(tiered, '/batches')}", params={"offset": 0}, timeout=30,
+                      headers={"Authorization": "Bearer not-a-token"})  # fmt: skip
+    assert wrong.status_code == 401 and "not accepted" in wrong.json()["message"]
+    second = httpx.get(f"{s.url}{path(tiered)}", timeout=30, headers={"Authorization": f"Bearer {TOKENS[1]}"})
+    assert second.status_code == 200 and second.json()["remote_start_offset"] == 0
+
+    cases = {
+        (path(tiered, "/records"), "offset", -1): 422,
+        (path(tiered, "/records"), "offset", "x"): 422,
+        (path(tiered, "/batches"), "max_bytes", 1 << 40): 422,
+        (path(tiered, "/records"), "max_records", 0): 422,
+        (path(tiered, "/records"), "encoding", "latin-1"): 422,
+        (path(tiered, "/batches"), "isolation_level", "read_dirty"): 422,
+    }
+    for (where, name, value), status in cases.items():
+        params = {"offset": 0, name: value}
+        r = s.get(where, **params)
+        assert r.status_code == status, (name, value, r.text)
+        body = r.json()
+        assert body["error"] == "INVALID_REQUEST" and name in body["message"], body
+    missing = s.get(path(tiered, "/records"))
+    assert missing.status_code == 422 and "offset" in missing.json()["message"]
+    bad_name = s.get(f"/v1/topics/{'x' * 250}/partitions/0/records", offset=0)
+    assert bad_name.status_code == 422 and "topic" in bad_name.json()["message"]
+
+    unknown = s.get("/v1/topics/no-such-topic-here/partitions/0/records", offset=0)
+    assert unknown.status_code == 404 and unknown.json()["error"] == "UNKNOWN_TOPIC_OR_PARTITION"
+    assert "no-such-topic-here" in unknown.json()["message"]
+    partition = s.get(path(tiered, "/batches", partition=7), offset=0)
+    assert partition.status_code == 404 and "no partition 7" in partition.json()["message"]
+
+
+def test_openapi_describes_the_endpoints_and_health(services: list[Service], tiered: Tiered) -> None:
+    s = services[1]
+    spec = httpx.get(f"{s.url}/openapi.json", timeout=30).json()
+    assert spec["openapi"].startswith("3.")
+    batches_op = spec["paths"]["/v1/topics/{topic}/partitions/{partition}/batches"]["get"]
+    assert "application/octet-stream" in batches_op["responses"]["200"]["content"]
+    assert {"401", "404", "416", "422", "502", "503"} <= set(batches_op["responses"])
+    params = {p["name"]: p for p in batches_op["parameters"]}
+    assert params["max_bytes"]["schema"]["maximum"] == 16 << 20
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert httpx.get(f"{s.url}/healthz", timeout=30).json() == {"status": "ok", "message": None}
+    assert httpx.get(f"{s.url}/readyz", timeout=30).status_code == 200
+
+
+def test_metrics_count_remote_fetches(services: list[Service], tiered: Tiered) -> None:
+    s = services[0]
+    assert s.get(path(tiered, "/batches"), offset=0).status_code == 200
+    text = httpx.get(f"{s.url}/metrics", timeout=30).text
+    labels = f'partition="0",topic="{tiered.name}"'
+    for name in ("tiering_remote_fetch_requests_total", "tiering_remote_fetch_bytes_total"):
+        value = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}}}"))
+        assert value > 0, name
+    assert "tiering_reader_store_bytes_total" in text and "tiering_reader_memory_pool_bytes" in text
+    assert 'route="/v1/topics/{topic}/partitions/{partition}/batches"' in text
+
+
+def test_store_down_gives_bounded_retries_then_503_and_reads_resume(
+    tiered: Tiered, stack: Endpoints, tmp_path: Path
+) -> None:
+    target = urlparse(stack.s3.endpoint_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80)
+    env = {
+        "TIERING_REMOTE_STORAGE__ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
+        "TIERING_READ_ATTEMPTS": "3",
+        "TIERING_READ_RETRY_BACKOFF_SECONDS": "0.1",
+    }
+    service = start_service(tiered.topic.config, tmp_path / "service.log", **env)
+    try:
+        proxy.cut()
+        failed = service.get(path(tiered, "/records"), offset=0)
+        assert failed.status_code == 503, failed.text
+        body = failed.json()
+        assert body["error"] == "REMOTE_STORAGE_UNAVAILABLE" and "after 3 attempts" in body["message"]
+        assert body["key"].startswith(f"{tiered.topic.reader_settings().remote_storage.prefix}/")
+        assert failed.headers["retry-after"]
+        metrics = httpx.get(f"{service.url}/metrics", timeout=30).text
+        assert f'tiering_remote_fetch_errors_total{{partition="0",topic="{tiered.name}"}} 1.0' in metrics
+        proxy.restore()
+        resumed = service.get(path(tiered, "/records"), offset=0, max_records=100)
+        assert resumed.status_code == 200, resumed.text
+        got = [(r["offset"], unb64(r["key"]), unb64(r["value"])) for r in resumed.json()["records"]]
+        assert got == [(o, *tiered.produced[o][:2]) for o in range(100)]
+    finally:
+        service.stop()
+        proxy.close()
+
+
+def test_corrupt_or_deleted_object_is_an_error_naming_the_key(services: list[Service], tiered: Tiered) -> None:
+    s = services[0]
+    with RemoteReader.open(tiered.topic.reader_settings(), [tiered.name]) as reader:
+        store = reader.fetcher.store
+        copies = reader.catalog.copies(tiered.name, 0)
+        damaged = reader.locate(tiered.name, 0, copies[-3].base_offset)
+        body = bytearray(store.get_bytes(damaged.log_key))
+        body[len(body) // 2] ^= 0xFF
+        store.put_bytes(damaged.log_key, bytes(body))
+        gone = reader.locate(tiered.name, 0, copies[-2].base_offset)
+        store.delete([gone.log_key])
+
+    offset = damaged.base_offset
+    while True:  # pages before the damaged byte are served; the damaged range never is
+        r = s.get(path(tiered, "/records"), offset=offset, max_bytes=4096)
+        if r.status_code != 200:
+            break
+        for rec in r.json()["records"]:
+            assert (unb64(rec["key"]), unb64(rec["value"])) == tiered.produced[rec["offset"]][:2]
+        offset = r.json()["next_offset"]
+        assert offset <= damaged.end_offset, "the whole damaged copy was served"
+    assert r.status_code == 502 and r.json()["error"] == "CORRUPT_MESSAGE", r.text
+    assert r.json()["key"] == damaged.log_key and damaged.log_key in r.json()["message"]
+
+    r = s.get(path(tiered, "/batches"), offset=gone.base_offset)
+    assert r.status_code == 502, r.text
+    assert r.json()["error"] == "REMOTE_OBJECT_MISSING" and r.json()["key"] == gone.log_key
+
+
+def test_offset_below_the_remote_start_is_out_of_range(
+    services: list[Service], tiered: Tiered, stack: Endpoints
+) -> None:
+    """Total retention expires the oldest copies (Rx > 0): an offset below answers like a broker's
+    OFFSET_OUT_OF_RANGE, naming the remote start, and reading goes on from there."""
+    with RemoteReader.open(tiered.topic.reader_settings(), [tiered.name]) as reader:
+        copies = reader.catalog.copies(tiered.name, 0)
+        keep = sum(c.size for c in copies[2:])
+    set_topic_config(stack.bootstrap, tiered.name, retention_bytes=keep)
+    s = services[1]
+    wait_for(lambda: (s.get(path(tiered)).json()["remote_start_offset"] or 0) > 0, 120, "copies to expire")
+    rx = s.get(path(tiered)).json()["remote_start_offset"]
+    for endpoint in ("/records", "/batches"):
+        r = s.get(path(tiered, endpoint), offset=rx - 1)
+        assert r.status_code == 416, r.text
+        body = r.json()
+        assert body["error"] == "OFFSET_OUT_OF_RANGE" and body["remote_start_offset"] == rx
+        assert f"below the remote start {rx}" in body["message"]
+    r = s.get(path(tiered, "/records"), offset=rx, max_records=10)
+    assert r.status_code == 200 and r.json()["records"][0]["offset"] >= rx
