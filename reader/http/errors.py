@@ -71,7 +71,9 @@ def install(app: FastAPI, service: FetchService) -> None:
         tp = f"{exc.topic}-{exc.partition}"
         rx, ry = service.catalog.remote_offsets(exc.topic, exc.partition)
         lx, _ = service.broker_offsets(exc.topic, exc.partition)
-        if isinstance(exc, OffsetOutOfRange):
+        if isinstance(exc, OffsetOutOfRange) and lx is not None and lx <= exc.offset:
+            message = f"{tp}: offset {exc.offset} is below the remote start {rx}; the broker serves it (log start {lx})"
+        elif isinstance(exc, OffsetOutOfRange):
             message = f"{tp}: offset {exc.offset} is below the remote start {rx}: the data is gone; continue at {rx}"
         elif ry is None:
             message = f"{tp}: nothing of this partition is in remote storage; the broker serves it (log start {lx})"
