@@ -8,11 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Message, TopicPartition
 
 from deploy.stack import Endpoints
 from reader import NotInRemote, PartitionStream, RemoteReader, TieredConsumer, TieredMessage
 from tests.reader_harness import TieredTopic, expected, tiered_topic
+from tiering.cli.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +131,24 @@ def test_offset_below_remote_start_is_out_of_range(tiered: TieredTopic) -> None:
         consumer.assign([TopicPartition(tiered.topic, 0, -5)])
         # -5 is no offset at all; an offset below Rx comes from retention (test_reader_faults)
         assert consumer.position([TopicPartition(tiered.topic, 0)])[0].offset == -1001
+
+
+def test_consume_command_prints_remote_then_broker_records(tiered: TieredTopic) -> None:
+    total = len(tiered.produced)
+    result = CliRunner().invoke(
+        main,
+        ["consume", tiered.topic, "--from-beginning", "--partition", "0", "--max-messages", str(total),
+         "--print-offset", "--config", str(tiered.config)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line]
+    assert len(lines) == total
+    for line, offset in zip(lines, sorted(tiered.produced), strict=True):
+        where, value = line.split("\t", 1)
+        assert where.split()[0] == f"0:{offset}"
+        produced = tiered.produced[offset][1]
+        assert value == ("null" if produced is None else produced.decode())
+    sources = [line.split("\t")[0].split()[1] for line in lines]
+    assert sources[0] == "remote" and sources[-1] == "broker"
+    assert sources == sorted(sources, key=lambda s: s == "broker"), "remote records after broker ones"
+    assert f"Processed a total of {total} messages" in result.stderr

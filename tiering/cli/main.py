@@ -21,6 +21,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "topic": ("tiering.cli.topic", "topic", "Enable, pause, resume, roll back and inspect tiering of a topic."),
     "cluster": ("tiering.cli.topic", "cluster", "Cluster-wide pause, resume, rollback and status."),
     "reader": ("tiering.cli.reader", "reader", "Serve records of tiered topics over HTTP from remote storage."),
+    "consume": ("tiering.cli.consume", "consume", "Print a topic's records, remote ones included (console consumer)."),
 }
 
 
