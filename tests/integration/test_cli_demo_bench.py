@@ -22,6 +22,9 @@ def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
     after = result.output.split("5. the broker's segments after local retention")[1]
     status = after.split("6. tiering status")[1]
     assert "enabled" in status and "last error" in status
+    read_back = status.split("7. read it back from offset 0")[1]
+    assert "remote (S3)" in read_back and "broker" in read_back
+    assert "records read back identical to what was produced, in order, no gap or duplicate" in read_back
 
 
 def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from tiering.bench.catchup import catchup
 from tiering.bench.decode import decode
 from tiering.bench.metadata import metadata
 from tiering.bench.upload import upload
@@ -18,6 +19,7 @@ def bench() -> None:
     """
 
 
+bench.add_command(catchup)
 bench.add_command(decode)
 bench.add_command(metadata)
 bench.add_command(upload)

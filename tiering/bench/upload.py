@@ -73,7 +73,7 @@ def child_main() -> None:
     print(json.dumps({"side": side, "seconds": seconds, "puts": puts}))
 
 
-def _run_sampled(args: list[str]) -> tuple[str, str, int, float]:
+def run_sampled(args: list[str]) -> tuple[str, str, int, float]:
     """Run a child, sampling its RSS every 20 ms (ru_maxrss would include the parent's, inherited at fork)."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -128,7 +128,7 @@ def upload(size_mb: int, stack_dir: Path | None) -> None:
         }  # fmt: skip
         results = {}
         for side in ("boto3", "ours"):
-            out, err, code, peak_mb = _run_sampled([sys.executable, "-c", _CHILD, side, json.dumps(spec)])
+            out, err, code, peak_mb = run_sampled([sys.executable, "-c", _CHILD, side, json.dumps(spec)])
             if code != 0:
                 raise click.ClickException(f"{side} upload failed:\n{err[-2000:]}")
             results[side] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": peak_mb}
