@@ -22,9 +22,10 @@ def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
     after = result.output.split("5. the broker's segments after local retention")[1]
     status = after.split("6. tiering status")[1]
     assert "enabled" in status and "last error" in status
-    read_back = status.split("7. read it back from offset 0")[1]
+    read_back = " ".join(status.split("7. read it back from offset 0")[1].split())  # rich wraps lines
     assert "remote (S3)" in read_back and "broker" in read_back
     assert "records read back identical to what was produced, in order, no gap or duplicate" in read_back
+    assert "the remote part ends at" in read_back and "the broker's begins at" in read_back
 
 
 def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:
@@ -39,3 +40,17 @@ def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:
     assert set(summary) >= {"ratio", "scan_mb_s", "decode_mb_s", "decode_records_s"}
     produced = lines[0]
     assert produced["records"] == summary["records"] > 0
+
+
+def test_bench_catchup_prints_both_sides_and_a_json_summary_last(stack: Endpoints) -> None:
+    result = CliRunner().invoke(
+        main, ["bench", "catchup", "--stack-dir", stack.stack_dir, "--size-mb", "16"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
+    summary = lines[-1]
+    assert set(summary) >= {"ratio", "first_record_ms", "peak_rss_mb"}
+    sides = [(r["side"], r["record_size"]) for r in lines[:-1]]
+    assert sides == [("broker", 100), ("ours", 100), ("broker", 1024), ("ours", 1024)]
+    for r in lines[:-1]:
+        assert r["bytes"] == r["records"] * r["record_size"] and r["mb_s"] > 0
