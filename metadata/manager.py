@@ -311,9 +311,14 @@ class MetadataManager:
             return [] if p is None else p.segments(wanted)
 
     def topic_state(self, topic: str) -> tuple[str, TopicTiering] | None:
-        """(topic id, tiering state) of the topic with this name (the newest if it was re-created)."""
+        """(topic id, tiering state) of the newest topic with this name (see ``MetadataState.topic``)."""
         with self.lock:
             return self.state.topic(topic)
+
+    def tiering(self, topic_id: str) -> TopicTiering | None:
+        """The tiering state of exactly this topic id: what to use when Kafka gave the live topic's id."""
+        with self.lock:
+            return self.state.tiering(topic_id)
 
     def cluster_state(self) -> ClusterTiering:
         """Cluster-wide switches (upload pause, rollback), as a copy."""

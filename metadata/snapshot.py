@@ -127,6 +127,7 @@ def encode_snapshot(
             ]
             for tid, (name, t) in sorted(state.topics.items())
         ],
+        "topic_since": {topic_id_str(tid): since for tid, since in sorted(state.topic_since.items())},
         "partitions": [],
     }
     blobs: list[bytes | bytearray | array] = []
@@ -167,6 +168,8 @@ def _read_body(f: BinaryIO) -> Snapshot:
     state.cluster = ClusterTiering(*header["cluster"])
     for tid, name, *flags in header["topics"]:
         state.topics[topic_id_bytes(tid)] = (name, TopicTiering(*flags))
+    for tid, since in header.get("topic_since", {}).items():  # absent in snapshots of older sidecars
+        state.topic_since[topic_id_bytes(tid)] = since
     for tid, num, topic, fence, delete_state, n, max_span in header["partitions"]:
         p = PartitionSegments(topic)
         p.fence = Fence(*fence)

@@ -72,6 +72,9 @@ class ClusterTiering:
 class MetadataState:
     partitions: dict[tuple[bytes, int], PartitionSegments] = field(default_factory=dict)
     topics: dict[bytes, tuple[str, TopicTiering]] = field(default_factory=dict)
+    # per topic id, the event time of its first accepted topic record: which incarnation of a re-created
+    # name is the newest, the same on every replica (dict order is not: it follows WAL replay order)
+    topic_since: dict[bytes, int] = field(default_factory=dict)
     cluster: ClusterTiering = field(default_factory=ClusterTiering)
     counters: Counters = field(default_factory=Counters)
     last_rejection: str | None = None
@@ -147,13 +150,14 @@ class MetadataState:
         return ACCEPTED
 
     def _apply_topic(self, f: tuple) -> ApplyResult:
-        *_, tid, action, local_ms, local_bytes, topic = f
+        _broker, _epoch, _token, event_time, tid, action, local_ms, local_bytes, topic = f
         current = self.topics.get(tid)
         new, reason = apply_topic_action(current[1] if current else None, TopicAction(action), local_ms, local_bytes)
         if reason:
             return ApplyResult(False, f"topic {topic}: {reason}")
         assert new is not None
         self.topics[tid] = (topic, new)
+        self.topic_since.setdefault(tid, event_time)
         return ACCEPTED
 
     def _apply_cluster(self, f: tuple) -> ApplyResult:
@@ -175,12 +179,20 @@ class MetadataState:
     def partition(self, topic_id: str, partition: int) -> PartitionSegments | None:
         return self.partitions.get((topic_id_bytes(topic_id), partition))
 
+    def tiering(self, topic_id: str) -> TopicTiering | None:
+        """The tiering state of exactly this topic id (None if it was never tiered)."""
+        entry = self.topics.get(topic_id_bytes(topic_id))
+        return None if entry is None else entry[1]
+
     def topic(self, name: str) -> tuple[str, TopicTiering] | None:
-        """(topic id, tiering state) of the topic with this name, the latest if it was re-created."""
-        for tid, (topic, tiering) in reversed(self.topics.items()):
-            if topic == name:
-                return topic_id_str(tid), tiering
-        return None
+        """(topic id, tiering state) of the newest topic with this name: if the name was deleted and
+        created again, the id whose first tiering record is the latest (then the larger id). Callers
+        that know the live topic's id from Kafka use ``tiering(topic_id)`` instead."""
+        found = [(self.topic_since.get(tid, -1), tid) for tid, (topic, _) in self.topics.items() if topic == name]
+        if not found:
+            return None
+        tid = max(found)[1]
+        return topic_id_str(tid), self.topics[tid][1]
 
     def segment_count(self) -> int:
         return sum(len(p) for p in self.partitions.values())
@@ -197,6 +209,9 @@ class MetadataState:
             }
         return {
             "partitions": partitions,
-            "topics": {topic_id_str(t): (n, tiering) for t, (n, tiering) in sorted(self.topics.items())},
+            "topics": {
+                topic_id_str(t): (n, tiering, self.topic_since.get(t))
+                for t, (n, tiering) in sorted(self.topics.items())
+            },
             "cluster": (self.cluster.upload_paused, self.cluster.rolled_back),
         }

@@ -118,10 +118,7 @@ class MetadataCatalog:
 
     def tiering(self, topic: str) -> TopicTiering | None:
         """The topic's tiering state (enabled, download paused...), None if it was never tiered."""
-        found = self.manager.topic_state(topic)
-        if found is None or found[0] != self.topic_id(topic):
-            return None
-        return found[1]
+        return self.manager.tiering(self.topic_id(topic))
 
     def download_paused(self, topic: str) -> bool:
         """``tiering topic pause-download`` is in force for the topic."""

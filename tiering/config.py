@@ -51,6 +51,12 @@ class SidecarSettings(BaseSettings):
     remote_log_manager_task_retry_jitter: float = Field(
         default=0.2, ge=0, lt=1, description="Random factor +-jitter on each wait, so retries spread out."
     )
+    deleted_topic_grace_seconds: float = Field(
+        default=3600.0, ge=0,
+        description="A tiered topic's remote data is deleted only after Kafka has answered, for this long and "
+        "in at least 3 answers in a row, that its topic id does not exist (time the sidecar did not watch does "
+        "not count).",
+    )  # fmt: skip
     metrics_port: int | None = Field(default=9464, description="Prometheus /metrics and /status (None: off).")
     metrics_host: str = "127.0.0.1"
 

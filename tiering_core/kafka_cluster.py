@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from tiering_core.errors import TieringError
@@ -130,6 +130,30 @@ class KafkaCluster:
                 configs={k: v.value for k, v in entries.items() if k in _TOPIC_CONFIGS and v.value is not None},
             )
         return result
+
+    def topic_ids(self, names: Iterable[str]) -> dict[str, str | None]:
+        """Each named topic's id as Kafka answers a describe of it now, or None where Kafka answered
+        that no such topic exists (UNKNOWN_TOPIC_OR_PART).
+
+        A name whose describe failed in any other way (no Describe permission, a timeout) is left out:
+        that answer says nothing about whether the topic exists. Asking by name matters: a principal
+        without Describe on a topic does not see it in a listing of all topics, but is told
+        TOPIC_AUTHORIZATION_FAILED when it asks for it.
+        """
+        names = sorted(set(names))
+        if not names:
+            return {}
+        described = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
+        out: dict[str, str | None] = {}
+        for name, future in described.items():
+            try:
+                out[name] = kafka_topic_id(str(future.result(timeout=self.timeout).topic_id))
+            except KafkaException as exc:
+                if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    out[name] = None
+            except TimeoutError:
+                continue
+        return out
 
     def topic_names(self) -> list[str]:
         metadata = self.admin.list_topics(timeout=self.timeout)

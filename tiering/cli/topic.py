@@ -22,7 +22,7 @@ from tiering.cli.common import admin_context, config_option
 from tiering.policy import RetentionSettings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.partition_task import PartitionTask
-from tiering.sidecar.status import read_status
+from tiering.sidecar.status import read_status, status_key
 from tiering_core.errors import ConfigError, TieringError
 from tiering_core.kafka_cluster import KafkaClusterError, TopicInfo
 from tiering_core.objects import partition_prefixes
@@ -90,9 +90,8 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
             )
         except ConfigError as exc:
             raise click.ClickException(f"topic {name}: {exc}") from exc
-        current = ctx.manager.topic_state(name)
-        if current is not None and current[0] == info.topic_id and current[1].enabled:
-            state = current[1]
+        state = ctx.manager.tiering(info.topic_id)  # this incarnation of the name, not an older one
+        if state is not None and state.enabled:
             click.echo(
                 f"tiering is already enabled for {name} (local.retention.ms={state.local_retention_ms}, "
                 f"local.retention.bytes={state.local_retention_bytes}); nothing changed"
@@ -142,8 +141,8 @@ def rollback(name: str, delete_remote: bool, config_file: Path | None) -> None:
     """
     with admin_context(config_file) as ctx:
         info = _topic_info(ctx, name)
-        current = ctx.manager.topic_state(name)
-        if current is not None and current[0] == info.topic_id and current[1].rolled_back:
+        current = ctx.manager.tiering(info.topic_id)
+        if current is not None and current.rolled_back:
             click.echo(f"{name}: already rolled back")
         else:
             _publish_topic(ctx, info, TopicAction.ROLLBACK)
@@ -187,7 +186,7 @@ def partition_rows(ctx: SidecarContext, info: TopicInfo) -> list[dict[str, Any]]
         ry = summary.remote_end_offset if summary else None
         counts = summary.segment_counts if summary else {s.name: 0 for s in SegmentState}
         remote_bytes = summary.remote_size if summary else 0
-        side = status.get(f"{info.name}-{p.partition}", {})
+        side = status.get(status_key(info.topic_id, p.partition), {})
         rows.append(
             {
                 "partition": p.partition, "leader": p.leader, "Lx": local.lx, "Ly": local.ly, "Lz": local.lz,
@@ -208,8 +207,7 @@ def status(name: str, as_json: bool, config_file: Path | None) -> None:
     """Per partition of NAME: Lx, Ly, Lz (Kafka), Rx, Ry (remote), copy lag, segments per state, last error."""
     with admin_context(config_file) as ctx:
         info = _topic_info(ctx, name)
-        state = ctx.manager.topic_state(name)
-        tiering = state[1] if state is not None and state[0] == info.topic_id else None
+        tiering = ctx.manager.tiering(info.topic_id)
         rows = partition_rows(ctx, info)
     if as_json:
         click.echo(json.dumps({"topic": name, "topic_id": info.topic_id, "tiering": vars_or_none(tiering),

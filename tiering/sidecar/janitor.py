@@ -1,14 +1,24 @@
 """Deleted topics: their partitions go through DELETE_PARTITION_MARKED / STARTED / FINISHED and every
 object of theirs is deleted. One sidecar does it (the one on the lowest live broker id), since a
-deleted partition has no leader."""
+deleted partition has no leader.
+
+A topic counts as deleted only on repeated evidence (``tiering.policy.deleted_topics``): Kafka must
+answer, asked by name, that the topic id does not exist, for ``deleted_topic_grace_seconds`` of
+observed time and in several answers in a row. The record of those answers is kept in
+``<state_dir>/deleted_topics.json``, so a restart neither resets the grace nor shortcuts it.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import asdict
 from functools import partial
 
 from metadata import PartitionDeleteRecord
 from metadata.records import topic_id_str
 from segment_fsm import PartitionDeleteState, SegmentState
+from tiering.policy.deleted_topics import Absence, counted_gap_ms, observe
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import Scope
@@ -16,27 +26,75 @@ from tiering_core.logs import get_logger
 from tiering_core.objects import partition_prefixes
 
 log = get_logger(__name__)
+ABSENCES_FILE = "deleted_topics.json"
+STARTED = PartitionDeleteState.DELETE_PARTITION_STARTED
+FINISHED = PartitionDeleteState.DELETE_PARTITION_FINISHED
 
 
-def delete_partitions_of_deleted_topics(ctx: SidecarContext, live_topic_ids: set[str]) -> int:
-    """Delete the remote data of partitions whose topic no longer exists; returns how many finished.
+class DeletedTopicsJanitor:
+    """Deletes the remote data of topics that Kafka has said, again and again, no longer exist."""
 
-    Each partition on its own: one that fails is recorded and retried after its backoff, the others go on."""
-    with ctx.manager.lock:
-        gone = [
-            (topic_id_str(tid), num, p.topic, p.fence, p.delete_state)
-            for (tid, num), p in ctx.manager.state.partitions.items()
-            if topic_id_str(tid) not in live_topic_ids
-            and p.delete_state != PartitionDeleteState.DELETE_PARTITION_FINISHED
-        ]
-    finished = 0
-    for topic_id, num, topic, fence, current in gone:
-        if ctx.stopping.is_set():
-            break
-        scope = Scope(topic, topic_id, num)
-        done = ctx.retry.run(scope, "delete_partition", partial(_delete_partition, ctx, scope, fence, current))
-        finished += bool(done)
-    return finished
+    def __init__(self, ctx: SidecarContext) -> None:
+        self.ctx = ctx
+        self.path = ctx.settings.state_dir / ABSENCES_FILE
+        self.absences = self._load()
+
+    def _load(self) -> dict[str, Absence]:
+        try:
+            raw = json.loads(self.path.read_text())
+            return {topic_id: Absence(**fields) for topic_id, fields in raw.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError, AttributeError) as exc:  # the grace starts again: the safe side
+            log.error("ignoring an unreadable deleted-topics file", path=str(self.path), error=str(exc))
+            return {}
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{ABSENCES_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({topic_id: asdict(a) for topic_id, a in sorted(self.absences.items())}))
+        tmp.replace(self.path)
+
+    def run(self) -> int:
+        """Ask Kafka about every topic id with remote data, record the answer, and delete the remote
+        data of those deleted long enough; returns how many partitions finished deleting."""
+        ctx = self.ctx
+        with ctx.manager.lock:
+            partitions = [
+                (topic_id_str(tid), num, p.topic, p.fence, p.delete_state)
+                for (tid, num), p in ctx.manager.state.partitions.items()
+                if p.delete_state != FINISHED
+            ]
+        candidates = {topic_id: topic for topic_id, _, topic, _, _ in partitions}
+        answer = ctx.cluster.topic_ids(candidates.values())
+        grace_ms = int(ctx.settings.deleted_topic_grace_seconds * 1000)
+        absences = observe(self.absences, candidates, answer, ctx.now_ms(), counted_gap_ms(grace_ms))
+        for topic_id in absences.keys() - self.absences.keys():
+            log.warning("a tiered topic id is missing from Kafka's answer; its remote data is deleted if this "
+                        "lasts", topic=candidates[topic_id], topic_id=topic_id,
+                        grace_seconds=ctx.settings.deleted_topic_grace_seconds)  # fmt: skip
+        for topic_id in self.absences.keys() - absences.keys():
+            if topic_id in candidates and answer.get(candidates[topic_id]) == topic_id:
+                log.warning("a tiered topic id missing earlier is back; nothing was deleted",
+                            topic=candidates[topic_id], topic_id=topic_id)  # fmt: skip
+        if absences != self.absences:
+            self.absences = absences
+            self._save()
+        finished = 0
+        for topic_id, num, topic, fence, current in partitions:
+            if ctx.stopping.is_set():
+                break
+            if topic not in answer or answer[topic] == topic_id:
+                if current == STARTED and topic in answer:
+                    log.error("a live topic's partition is being deleted; not continuing", topic=topic,
+                              topic_id=topic_id, partition=num)  # fmt: skip
+                continue  # there, or no evidence in this answer
+            absence = absences.get(topic_id)
+            if current == STARTED or (absence is not None and absence.due(grace_ms)):
+                scope = Scope(topic, topic_id, num)  # each partition on its own: a failure backs off alone
+                done = ctx.retry.run(scope, "delete_partition", partial(_delete_partition, ctx, scope, fence, current))
+                finished += bool(done)
+        return finished
 
 
 def _delete_partition(ctx: SidecarContext, scope: Scope, fence: tuple[int, int],

@@ -16,10 +16,10 @@ from types import FrameType
 from metadata import WalError
 from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.janitor import delete_partitions_of_deleted_topics
+from tiering.sidecar.janitor import DeletedTopicsJanitor
 from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
 from tiering.sidecar.retry import SIDECAR
-from tiering.sidecar.status import write_status
+from tiering.sidecar.status import status_key, write_status
 from tiering.watch import SegmentWatcher
 from tiering_core.errors import TieringError
 from tiering_core.formats import find_partition_dirs
@@ -38,6 +38,7 @@ class Sidecar:
         self.ctx = ctx
         ctx.manager.on_failure = self._on_metadata_failure
         self.tasks: dict[tuple[str, int], PartitionTask] = {}
+        self.janitor = DeletedTopicsJanitor(ctx)
         self.watcher = SegmentWatcher(ctx.settings.log_dirs)
         self.pool = ThreadPoolExecutor(max_workers=ctx.settings.upload_max_concurrency, thread_name_prefix="tier")
         self.ticks = 0
@@ -90,20 +91,19 @@ class Sidecar:
             return  # never act on a state that stopped following the WAL; run_forever is stopping
         self.ticks += 1
         self._update_wal_lag()
-        live_ids = self.ctx.retry.run(SIDECAR, "tick", self._tick)
-        if live_ids is not None:
-            self.ctx.retry.run(SIDECAR, "janitor", lambda: self._janitor(live_ids))
+        if self.ctx.retry.run(SIDECAR, "tick", self._tick):
+            self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
         sidecar = self.ctx.retry.summary(SIDECAR)
         self.last_error = sidecar["last_error"]
         deleted = {
-            f"{s.topic}-{s.partition}": self.ctx.retry.summary(s)
+            status_key(s.topic_id, s.partition): {"topic": s.topic, **self.ctx.retry.summary(s)}
             for s in self.ctx.retry.failing_scopes()
             if s != SIDECAR and (s.topic_id, s.partition) not in self.tasks
         }
         write_status(
             self.ctx.settings.state_dir,
             self.ctx.broker_id,
-            {f"{t.topic}-{t.partition}": asdict(t.status) for t in self.tasks.values()},
+            {status_key(t.topic_id, t.partition): {"topic": t.topic, **asdict(t.status)} for t in self.tasks.values()},
             sidecar=sidecar,
             other_partitions=deleted,
         )
@@ -117,20 +117,19 @@ class Sidecar:
         for partition, records in lag.items():
             self.ctx.metrics.metadata_wal_lag.labels(wal_partition=str(partition)).set(records)
 
-    def _janitor(self, live_ids: set[str]) -> None:
+    def _janitor(self) -> None:
         brokers = self.ctx.cluster.broker_ids()
         if brokers and self.ctx.broker_id == min(brokers):
-            delete_partitions_of_deleted_topics(self.ctx, live_ids)
+            self.janitor.run()
 
-    def _tick(self) -> set[str]:
-        """Run the partitions' steps; returns the ids of the topics that exist (for the janitor)."""
+    def _tick(self) -> bool:
+        """Run the partitions' steps; True once they ran (then the janitor may run)."""
         ctx = self.ctx
         with ctx.manager.lock:
             topics = {topic_id_str(tid): entry for tid, entry in ctx.manager.state.topics.items()}
             cluster_flags = (ctx.manager.state.cluster.upload_paused, ctx.manager.state.cluster.rolled_back)
         existing = set(ctx.cluster.topic_names())
         infos = ctx.cluster.topics({name for name, _ in topics.values()} & existing)
-        live_ids = {info.topic_id for info in infos.values()}
         dirs = find_partition_dirs(ctx.settings.log_dirs)
         led = []
         for topic_id, (name, tiering) in topics.items():
@@ -161,7 +160,7 @@ class Sidecar:
             futures.append(self.pool.submit(task.step, facts))
         for future in futures:
             future.result()  # step() records its own failures and never raises
-        return live_ids
+        return True
 
     def close(self) -> None:
         self.watcher.stop()

@@ -1,5 +1,8 @@
 """The sidecar's status file (``<state_dir>/status.json``): what ``tiering topic status`` shows
-besides Kafka's offsets and the metadata, namely copy lag and the last error per partition."""
+besides Kafka's offsets and the metadata, namely copy lag and the last error per partition.
+
+Partitions are keyed by topic id and partition (``status_key``), not by name: a topic deleted and
+created again under the same name is another topic, and its status must not mix with the old one's."""
 
 from __future__ import annotations
 
@@ -10,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 STATUS_FILE = "status.json"
+
+
+def status_key(topic_id: str, partition: int) -> str:
+    return f"{topic_id}/{partition}"
 
 
 def write_status(state_dir: Path, broker_id: int, partitions: dict[str, dict[str, Any]], *,
