@@ -46,7 +46,7 @@ def test_a_failing_partition_is_reported_while_the_others_and_the_janitor_go_on(
     produce(stack.bootstrap, doomed, 8_000)
     topic = create_topic(stack.bootstrap, partitions=2, internal_segment_bytes=SEGMENT)
     produce(stack.bootstrap, topic, 16_000)
-    config = write_config(stack, tmp_path)
+    config = write_config(stack, tmp_path, deleted_topic_grace_seconds=3)  # the janitor acts within the test
     prefix = yaml.safe_load(config.read_text())["remote_storage"]["prefix"]
     cli("topic", "enable", doomed, "--config", str(config))
     with running(config) as (ctx, sidecar):
