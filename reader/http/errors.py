@@ -27,7 +27,7 @@ from reader.errors import (
     UnknownTopic,
 )
 from reader.http.records import NotUtf8
-from reader.http.service import FetchService
+from reader.http.service import DownloadPaused, FetchService
 from tiering_core.kafka_cluster import KafkaClusterError
 
 
@@ -59,7 +59,8 @@ RECORD_ERRORS: dict[int | str, dict] = {
         416: "OFFSET_OUT_OF_RANGE: below the remote start (data gone) or above the remote end (the broker serves it).",
         422: "INVALID_REQUEST: a parameter is missing, malformed or beyond its bound.",
         502: "A remote object is missing or corrupt (the key is named); nothing of it is served.",
-        503: "The remote store or the metadata is unreachable now; retry later (Retry-After).",
+        503: "The remote store or the metadata is unreachable now, or downloads of the topic are paused; retry "
+        "later (Retry-After).",
     }.items()
 }
 
@@ -111,6 +112,7 @@ def install(app: FastAPI, service: FetchService) -> None:
     app.add_exception_handler(RemoteObjectMissing, handler(502, "REMOTE_OBJECT_MISSING"))
     app.add_exception_handler(RemoteDataCorrupt, handler(502, "CORRUPT_MESSAGE"))
     app.add_exception_handler(RemoteUnavailable, handler(503, "REMOTE_STORAGE_UNAVAILABLE", retry=True))
+    app.add_exception_handler(DownloadPaused, handler(503, "DOWNLOAD_PAUSED", retry=True))
     app.add_exception_handler(RemoteReadError, handler(502, "REMOTE_STORAGE_ERROR"))
     app.add_exception_handler(WalError, handler(503, "METADATA_UNAVAILABLE", retry=True))
     app.add_exception_handler(KafkaClusterError, handler(503, "CLUSTER_UNAVAILABLE", retry=True))

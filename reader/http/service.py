@@ -62,6 +62,14 @@ class PartitionOffsets:
     log_end: int | None
 
 
+class DownloadPaused(RemoteReadError):
+    """``tiering topic pause-download`` is in force for the topic: no remote reads until it is resumed."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"downloads of topic {topic!r} are paused (tiering topic resume-download {topic})")
+
+
 class FetchService:
     """One service instance's state: the remote reader and the metrics. Thread-safe."""
 
@@ -100,10 +108,12 @@ class FetchService:
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int, isolation: IsolationLevel) -> Page:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` of them (at least one).
 
-        Raises UnknownTopic, OffsetOutOfRange (below the remote start), NotInRemote (above the remote
-        end: the broker serves it), RemoteObjectMissing, RemoteDataCorrupt, RemoteUnavailable.
+        Raises UnknownTopic, DownloadPaused, OffsetOutOfRange (below the remote start), NotInRemote (above
+        the remote end: the broker serves it), RemoteObjectMissing, RemoteDataCorrupt, RemoteUnavailable.
         """
         self.check_partition(topic, partition)
+        if self.catalog.download_paused(topic):
+            raise DownloadPaused(topic)
         started = time.monotonic()
         try:
             fetched = self.reader.fetch(topic, partition, offset, max_bytes)

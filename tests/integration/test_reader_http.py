@@ -17,7 +17,12 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
+import schemathesis
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
 from kafka.record.memory_records import MemoryRecords
+from schemathesis import GenerationMode
+from schemathesis.checks import positive_data_acceptance
 
 from deploy.stack import Endpoints
 from reader import RemoteReader
@@ -25,6 +30,7 @@ from tests.conftest import set_topic_config
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import TieredTopic, expected, tiered_topic
 from tests.sidecar_harness import Produced, produce_mixed, wait_for
+from tiering.cli.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -332,6 +338,23 @@ def test_store_down_gives_bounded_retries_then_503_and_reads_resume(
         proxy.close()
 
 
+def topic_command(t: Tiered, command: str) -> None:
+    result = CliRunner().invoke(main, ["topic", command, t.name, "--config", str(t.topic.config)])
+    assert result.exit_code == 0, result.output
+
+
+def test_pause_download_is_honoured_until_resumed(services: list[Service], tiered: Tiered) -> None:
+    s = services[1]
+    topic_command(tiered, "pause-download")
+    try:
+        wait_for(lambda: s.get(path(tiered, "/batches"), offset=0).status_code == 503, 60, "the pause to be seen")
+        body = s.get(path(tiered, "/records"), offset=0).json()
+        assert body["error"] == "DOWNLOAD_PAUSED" and f"resume-download {tiered.name}" in body["message"]
+    finally:
+        topic_command(tiered, "resume-download")
+    wait_for(lambda: s.get(path(tiered, "/batches"), offset=0).status_code == 200, 60, "the resume to be seen")
+
+
 def test_corrupt_or_deleted_object_is_an_error_naming_the_key(services: list[Service], tiered: Tiered) -> None:
     s = services[0]
     with RemoteReader.open(tiered.topic.reader_settings(), [tiered.name]) as reader:
@@ -381,3 +404,29 @@ def test_offset_below_the_remote_start_is_out_of_range(
         assert f"below the remote start {rx}" in body["message"]
     r = s.get(path(tiered, "/records"), offset=rx, max_records=10)
     assert r.status_code == 200 and r.json()["records"][0]["offset"] >= rx
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+def test_schemathesis_finds_the_openapi_description_true(services: list[Service], tiered: Tiered, mode: str) -> None:
+    """Requests generated from the served OpenAPI (valid ones, then invalid ones), against the tiered topic
+    and against made-up names: every answer has a documented status, content type, headers and schema,
+    invalid ones are refused. (A valid request may get 404 or 416: made-up names, offsets past the data.)"""
+    s = services[0]
+    schema = schemathesis.openapi.from_url(f"{s.url}/openapi.json")
+    auth = {"Authorization": f"Bearer {TOKENS[0]}"}
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        variants: list[dict | None] = [None]
+        if mode == "positive" and "{topic}" in operation.path:
+            variants.append({"topic": tiered.name, "partition": 0})
+        elif mode == "negative" and not list(operation.iter_parameters()):
+            continue  # nothing to make invalid
+        for path_parameters in variants:
+            strategy = operation.as_strategy(GenerationMode(mode), path_parameters=path_parameters)
+
+            @given(case=strategy)
+            @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+            def check(case: schemathesis.Case) -> None:
+                case.call_and_validate(base_url=s.url, headers=auth, excluded_checks=[positive_data_acceptance])
+
+            check()
