@@ -31,7 +31,7 @@ from reader.errors import (
     RemoteUnavailable,
     UnknownTopic,
 )
-from reader.messages import TieredMessage
+from reader.messages import TieredEvent, TieredMessage
 from reader.remote import RemoteFetch, RemoteReader
 from reader.segments import SegmentCopy
 from reader.stream import PartitionStream
@@ -52,6 +52,7 @@ __all__ = [
     "RemoteUnavailable",
     "SegmentCopy",
     "TieredConsumer",
+    "TieredEvent",
     "TieredMessage",
     "TxnView",
     "UnknownTopic",

@@ -24,7 +24,6 @@ error events naming the object key (``_BAD_MSG`` corrupt, ``KAFKA_STORAGE_ERROR`
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from reader.errors import (
     RemoteReadError,
     RemoteUnavailable,
 )
-from reader.messages import TieredMessage, batch_messages, error_message
+from reader.messages import TieredEvent, TieredMessage, message_class
 from reader.remote import RemoteReader
 from reader.stream import PartitionStream
 from tiering_core.logs import get_logger
@@ -53,14 +52,15 @@ Callback = Callable[[Any, list[TopicPartition]], None]
 
 
 class _Partition:
-    __slots__ = ("paused", "pending", "position", "retry_at", "stream", "topic", "tp")
+    __slots__ = ("next", "paused", "pending", "position", "retry_at", "stream", "topic", "tp")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.tp = (topic, partition)
         self.position: int | None = None  # next offset to deliver; None: wherever the broker starts
         self.stream: PartitionStream | None = None  # set while reading remote data
-        self.pending: deque[TieredMessage] = deque()
+        self.pending: list[TieredMessage] = []  # decoded, not delivered yet: pending[next:]
+        self.next = 0
         self.paused = False
         self.retry_at = 0.0
 
@@ -217,14 +217,15 @@ class TieredConsumer:
     # -- remote <-> broker ----------------------------------------------------------------------
     def _go_remote(self, part: _Partition, offset: int) -> None:
         part.position = offset
-        part.stream = PartitionStream(self._reader, part.tp[0], part.tp[1], offset,
-                                      read_committed=self._read_committed)  # fmt: skip
+        topic, partition = part.tp
+        part.stream = PartitionStream(self._reader, topic, partition, offset, read_committed=self._read_committed,
+                                      record_class=lambda h: message_class(topic, partition, h))  # fmt: skip
 
     def _close_stream(self, part: _Partition) -> None:
         if part.stream is not None:
             part.stream.close()
             part.stream = None
-        part.pending.clear()
+        part.pending, part.next = [], 0
 
     def _hand_over(self, part: _Partition, offset: int, out: list) -> None:
         """The remote data ends at ``offset``: continue from the broker there, if it still has it."""
@@ -232,7 +233,7 @@ class TieredConsumer:
         if offset < lx:  # nothing holds [offset, lx): a hole, or data deleted meanwhile
             exc = OffsetOutOfRange(part.tp[0], part.tp[1], offset, self._catalog.remote_offsets(*part.tp)[0], lx)
             if self._reset not in _EARLIEST:
-                out.append(error_message(*part.tp, offset, _error_for(exc)))
+                out.append(TieredEvent(*part.tp, offset, _error_for(exc)))
                 part.retry_at = time.monotonic() + RETRY_SECONDS
                 return
             log.warning("offsets missing from remote and broker skipped", error=str(exc))
@@ -291,17 +292,16 @@ class TieredConsumer:
                 break
             if part.retry_at > now:
                 continue
-            if not part.pending:
+            if part.next >= len(part.pending):
                 waiting |= self._refill(part, out, wait)
                 wait = 0.0
-            pending = part.pending
-            last = None
-            while pending and len(out) < limit:
-                last = pending.popleft()
-                out.append(last)
-            if last is not None:
-                part.position = last[2] + 1
-            if not pending and part.stream is not None:
+            pending, start = part.pending, part.next
+            take = pending[start : start + limit - len(out)]
+            if take:
+                out.extend(take)
+                part.next = start + len(take)
+                part.position = take[-1][0] + 1
+            if part.next >= len(pending) and part.stream is not None:
                 part.position = max(part.position or 0, part.stream.position)
         return waiting
 
@@ -328,7 +328,7 @@ class TieredConsumer:
                 if not part.paused:
                     self._inner.resume([TopicPartition(*part.tp)])
                 return False
-            out.append(error_message(*part.tp, stream.position, _error_for(exc)))
+            out.append(TieredEvent(*part.tp, stream.position, _error_for(exc)))
             part.retry_at = time.monotonic() + RETRY_SECONDS
             return False
         if not batches:
@@ -342,10 +342,11 @@ class TieredConsumer:
                     return False
                 part.retry_at = time.monotonic() + RETRY_SECONDS
             return True
-        messages: list = []
-        for batch in batches:
-            batch_messages(part.tp[0], part.tp[1], batch, messages)
-        part.pending.extend(messages)
+        if len(batches) == 1:
+            part.pending = batches[0].records
+        else:
+            part.pending = [m for batch in batches for m in batch.records]
+        part.next = 0
         return False
 
     def _take_broker(self, messages: list, out: list) -> None:

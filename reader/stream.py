@@ -8,19 +8,22 @@ window of a copy is scheduled, the next copy is located and its indexes and firs
 fetched ahead too (Kafka's KIP-1003: signal the next segment). Read-ahead takes only free room in
 the pool and may be evicted; the window the caller needs is always downloaded (``MemoryPool``).
 
-``read(timeout)`` returns the next decoded batches (records at or after ``position``; control batches
-never, aborted transactions not under read_committed), or ``[]`` when the next window is not there
-yet, when ``tiering topic pause-download`` is in force, or when a read_committed reader reached a
-transaction whose outcome is beyond the remote data (``blocked_at``). It raises NotInRemote at the
-remote end (the caller continues from the broker at ``position``), OffsetOutOfRange below the remote
-start, and the read errors of ``RemoteReader``; after an error, calling again retries from
-``position``: nothing is skipped or delivered twice.
+``record_class`` chooses the tuple type the decoder builds per batch (the consumer's message type,
+so a record is decoded straight into the object it delivers). ``read(timeout)`` returns the next
+decoded batches (records at or after ``position``; control batches never, aborted transactions not
+under read_committed), or ``[]`` when the next window is not there yet, when ``tiering topic
+pause-download`` is in force, or when a read_committed reader reached a transaction whose outcome is
+beyond the remote data (``blocked_at``). It raises NotInRemote at the remote end (the caller
+continues from the broker at ``position``), OffsetOutOfRange below the remote start, and the read
+errors of ``RemoteReader``; after an error, calling again retries from ``position``: nothing is
+skipped or delivered twice.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import crc32c
@@ -31,10 +34,11 @@ from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import AbortFilter
 from tiering_core.errors import FormatError
-from tiering_core.formats import RecordBatch, decode_batch
+from tiering_core.formats import BatchHeader, Record, RecordBatch, decode_batch
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
+RecordClass = Callable[[BatchHeader], type[tuple]]  # the tuple type of a batch's records (Record's fields)
 IDLE, LOADING, READY, TAKEN = range(4)
 
 
@@ -71,12 +75,13 @@ class PartitionStream:
     """One partition from ``offset`` on. ``read`` from one thread at a time; ``close()`` frees its memory."""
 
     def __init__(self, reader: RemoteReader, topic: str, partition: int, offset: int, *,
-                 read_committed: bool = False) -> None:  # fmt: skip
+                 read_committed: bool = False, record_class: RecordClass | None = None) -> None:  # fmt: skip
         self.reader = reader
         self.topic = topic
         self.partition = partition
         self.position = offset
         self.read_committed = read_committed
+        self.record_class = record_class
         self.blocked_at: int | None = None
         self.download_paused = False
         self.width = reader.settings.fetch_window_bytes
@@ -258,7 +263,8 @@ class PartitionStream:
                     continue
             if not h.is_control:
                 try:
-                    batch = decode_batch(key, view, h)
+                    cls = Record if self.record_class is None else self.record_class(h)
+                    batch = decode_batch(key, view, h, cls=cls)
                 except FormatError as exc:
                     raise RemoteDataCorrupt(key, base + exc.position, exc.reason) from exc
                 if h.base_offset < position:

@@ -12,7 +12,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME
 from reader.batches import checked_headers, complete_prefix
 from reader.disk_cache import DiskCache
 from reader.errors import RemoteDataCorrupt
-from reader.messages import TieredMessage, batch_messages
+from reader.messages import TieredMessage, message_class
 from reader.pool import MemoryPool
 from reader.txn import AbortFilter, TxnView
 from tests.kafka_encoder import encode_batch, sample_records
@@ -99,9 +99,8 @@ def test_batch_checks_name_the_key_and_position() -> None:
 
 def test_tiered_messages_have_the_consumer_message_interface() -> None:
     raw = data(5, 4)
-    batch = decode_batch("x", raw, next(scan_headers("x", raw)))
-    out: list = []
-    batch_messages("orders", 3, batch, out)
+    header = next(scan_headers("x", raw))
+    out = decode_batch("x", raw, header, cls=message_class("orders", 3, header)).records
     expected = sample_records(4, 5)
     assert [m.offset() for m in out] == [5, 6, 7, 8]
     for m, (key, value, headers) in zip(out, expected, strict=True):

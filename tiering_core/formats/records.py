@@ -3,7 +3,8 @@
 A record is: length varint, attributes int8, timestampDelta varlong, offsetDelta varint,
 key (varint length, -1 = null), value (varint length, -1 = null), headers count varint, then per
 header a key (varint length + UTF-8) and a value (varint length, -1 = null). Varints are zigzag
-encoded. The decoder inlines the one-byte varint case, which covers most fields of most records.
+encoded. The decoder inlines the one- and two-byte varint cases, which cover most fields of most
+records (lengths up to 8191, offset and timestamp deltas up to 8191).
 """
 
 from __future__ import annotations
@@ -62,9 +63,18 @@ def _varint_slow(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def decode_records(
-    data: bytes, count: int, base_offset: int, base_timestamp: int, log_append_time: int | None
+    data: bytes,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int | None,
+    cls: type[tuple] = Record,
 ) -> list[Record]:
-    """Decode exactly ``count`` records filling ``data``; ValueError/IndexError on malformed input."""
+    """Decode exactly ``count`` records filling ``data``; ValueError/IndexError on malformed input.
+
+    ``cls``: the tuple type built for each record, with Record's fields in Record's order (a reader
+    passes a subclass with a consumer message's methods, so a record costs one allocation).
+    """
     records: list[Record] = []
     append = records.append
     slow = _varint_slow
@@ -75,6 +85,10 @@ def decode_records(
         if b < 0x80:
             length = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif data[pos + 1] < 0x80:
+            u = (b & 0x7F) | (data[pos + 1] << 7)
+            length = (u >> 1) ^ -(u & 1)
+            pos += 2
         else:
             length, pos = slow(data, pos)
         record_end = pos + length
@@ -85,18 +99,30 @@ def decode_records(
         if b < 0x80:
             ts_delta = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif data[pos + 1] < 0x80:
+            u = (b & 0x7F) | (data[pos + 1] << 7)
+            ts_delta = (u >> 1) ^ -(u & 1)
+            pos += 2
         else:
             ts_delta, pos = slow(data, pos)
         b = data[pos]
         if b < 0x80:
             off_delta = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif data[pos + 1] < 0x80:
+            u = (b & 0x7F) | (data[pos + 1] << 7)
+            off_delta = (u >> 1) ^ -(u & 1)
+            pos += 2
         else:
             off_delta, pos = slow(data, pos)
         b = data[pos]
         if b < 0x80:
             klen = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif data[pos + 1] < 0x80:
+            u = (b & 0x7F) | (data[pos + 1] << 7)
+            klen = (u >> 1) ^ -(u & 1)
+            pos += 2
         else:
             klen, pos = slow(data, pos)
         if klen < 0:
@@ -110,6 +136,10 @@ def decode_records(
         if b < 0x80:
             vlen = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif data[pos + 1] < 0x80:
+            u = (b & 0x7F) | (data[pos + 1] << 7)
+            vlen = (u >> 1) ^ -(u & 1)
+            pos += 2
         else:
             vlen, pos = slow(data, pos)
         if vlen < 0:
@@ -145,14 +175,16 @@ def decode_records(
         if pos != record_end:
             raise ValueError(f"record declared {length} bytes but its fields span {pos - record_end + length}")
         ts = base_timestamp + ts_delta if log_append_time is None else log_append_time
-        append(_new(Record, (base_offset + off_delta, ts, key, value, headers)))
+        append(_new(cls, (base_offset + off_delta, ts, key, value, headers)))
     if pos != end:
         raise ValueError(f"{end - pos} bytes remain after {count} records")
     return records
 
 
-def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True) -> RecordBatch:
-    """Check the CRC of the batch described by ``header`` and decode its records."""
+def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True,
+                 cls: type[tuple] = Record) -> RecordBatch:  # fmt: skip
+    """Check the CRC of the batch described by ``header`` and decode its records (as ``cls``, see
+    ``decode_records``)."""
     pos = header.position
     body = buf[pos + 21 : pos + LOG_OVERHEAD + header.length]
     if verify_crc:
@@ -165,7 +197,9 @@ def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, ver
         data = decompress(codec, data, path, pos)
     append_time = header.max_timestamp if header.attributes & 0x08 else None
     try:
-        records = decode_records(data, header.records_count, header.base_offset, header.base_timestamp, append_time)
+        records = decode_records(
+            data, header.records_count, header.base_offset, header.base_timestamp, append_time, cls
+        )
     except (IndexError, ValueError, UnicodeDecodeError) as exc:
         raise FormatError(path, pos, f"malformed records: {exc}") from exc
     return RecordBatch(header, records)
