@@ -268,7 +268,7 @@ class PartitionStream:
                 except FormatError as exc:
                     raise RemoteDataCorrupt(key, base + exc.position, exc.reason) from exc
                 if h.base_offset < position:
-                    batch = RecordBatch(h, [r for r in batch.records if r.offset >= position])
+                    batch = RecordBatch(h, [r for r in batch.records if r[0] >= position])  # Record or a message type
                 out.append(batch)
             position = h.last_offset + 1
         self.position = position
