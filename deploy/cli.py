@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from deploy import stack
+from deploy import images, stack
 from deploy.errors import StackError
 
 
@@ -40,14 +40,20 @@ def dev() -> None:
 @dev.command()
 @_dir_option
 @click.option("--brokers", type=click.IntRange(1, 5), default=1, show_default=True, help="Kafka nodes to run.")
-def up(stack_dir: Path, brokers: int) -> None:
+@click.option(
+    "--backend",
+    type=click.Choice(stack.BACKENDS),
+    default=None,
+    help="processes (local processes; the default for a new stack) or containers (podman, local images).",
+)
+def up(stack_dir: Path, brokers: int, backend: stack.Backend | None) -> None:
     """Start the stack, or start a stopped one again on its data.
 
-    Idempotent: on a running stack it prints the same endpoints. The broker count of an existing
-    stack directory cannot change (use another --dir).
+    Idempotent: on a running stack it prints the same endpoints. The broker count and the backend of
+    an existing stack directory cannot change (use another --dir).
     """
     try:
-        endpoints = stack.start(stack_dir, brokers=brokers)
+        endpoints = stack.start(stack_dir, brokers=brokers, backend=backend)
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"bootstrap.servers={endpoints.bootstrap}")
@@ -77,14 +83,15 @@ def status(stack_dir: Path, as_json: bool) -> None:
         click.echo(f"no stack in {stack_dir} (start one with `tiering dev up`)")
         return
     endpoints = stack.Endpoints.load(Path(stack_dir) / stack.ENDPOINTS)
-    alive = endpoints.components_alive()
-    table = Table(title=f"local stack in {stack_dir}")
-    for col in ("component", "running", "pid", "endpoint"):
+    alive = stack.components_alive(endpoints)
+    net = endpoints.containers
+    table = Table(title=f"local stack in {stack_dir} ({endpoints.backend})")
+    for col in ("component", "running", "container" if net else "pid", "endpoint"):
         table.add_column(col)
     for b in endpoints.brokers:
-        table.add_row(f"kafka-{b.id}", str(alive[f"kafka-{b.id}"]), str(b.pid), b.host_port)
-    table.add_row("minio", str(alive["minio"]), str(endpoints.s3.pid), endpoints.s3.endpoint_url)
-    table.add_row("etcd", str(alive["etcd"]), str(endpoints.etcd.pid), endpoints.etcd.url)
+        table.add_row(f"kafka-{b.id}", str(alive[f"kafka-{b.id}"]), str(b.container or b.pid), b.host_port)
+    table.add_row("minio", str(alive["minio"]), net.minio if net else str(endpoints.s3.pid), endpoints.s3.endpoint_url)
+    table.add_row("etcd", str(alive["etcd"]), net.etcd if net else str(endpoints.etcd.pid), endpoints.etcd.url)
     Console().print(table)
 
 
@@ -96,3 +103,18 @@ def fetch() -> None:
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("Kafka jars and MinIO are in the cache")
+
+
+@dev.command(name="images")
+@click.argument("names", nargs=-1, type=click.Choice(images.ALL_IMAGES))
+def build_images(names: tuple[str, ...]) -> None:
+    """Build the containers backend's local images (all, or NAMES and their parents), unless cached.
+
+    Each image is tagged with a hash of its inputs, so only an image whose inputs changed is rebuilt.
+    Prints one line per image: cached, or built and how long it took. Needs podman, runc and
+    debootstrap (deploy/setup.sh installs them).
+    """
+    try:
+        images.ensure_images(names or images.ALL_IMAGES, log=click.echo)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc

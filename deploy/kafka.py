@@ -99,18 +99,26 @@ logger.zk.level = WARN
 
 def write_node_config(node_dir: Path, node: NodePorts, voters: list[NodePorts]) -> Path:
     """Write server.properties and log4j2.properties for one combined node; return the properties path."""
-    n = len(voters)
-    rf = min(3, n)
     quorum = ",".join(f"{v.node_id}@127.0.0.1:{v.controller_port}" for v in voters)
-    props = {
-        "process.roles": "broker,controller",
-        "node.id": node.node_id,
+    listeners = {
         "controller.quorum.voters": quorum,
         "listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port},CONTROLLER://127.0.0.1:{node.controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port}",
-        "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    }
+    return write_node_files(node_dir, node_properties(node.node_id, len(voters), node_dir, listeners), node_dir)
+
+
+def node_properties(node_id: int, n: int, node_dir: Path, listeners: dict[str, str]) -> dict[str, object]:
+    """A combined node's settings, tuned for a local stack; ``listeners`` adds where it listens and its
+    voters. ``node_dir`` is the node's directory as the broker sees it (its log dir is ``data/`` in it)."""
+    rf = min(3, n)
+    return {
+        "process.roles": "broker,controller",
+        "node.id": node_id,
+        "controller.listener.names": "CONTROLLER",
+        **listeners,
         "log.dirs": str(node_dir / "data"),
         "num.partitions": 1,
         "default.replication.factor": 1,
@@ -128,10 +136,15 @@ def write_node_config(node_dir: Path, node: NodePorts, voters: list[NodePorts]) 
         "num.io.threads": 4,
         "log.flush.offset.checkpoint.interval.ms": 5000,
     }
+
+
+def write_node_files(node_dir: Path, props: dict[str, object], seen_as: Path) -> Path:
+    """Write ``props`` as server.properties, and log4j2.properties logging to ``<seen_as>/server.log``,
+    into ``node_dir`` (which the broker sees as ``seen_as``); return the properties path."""
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "server.properties"
     path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    (node_dir / "log4j2.properties").write_text(LOG4J2.format(log=node_dir / "server.log"))
+    (node_dir / "log4j2.properties").write_text(LOG4J2.format(log=seen_as / "server.log"))
     return path
 
 

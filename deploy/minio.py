@@ -14,11 +14,13 @@ import urllib.request
 from pathlib import Path
 
 from deploy.cache import cache_dir
+from deploy.endpoints import S3Endpoint
 from deploy.errors import StackError
 from deploy.procs import spawn
 
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+BUCKET = "tiering"
 ACCESS_KEY = "tiering"
 SECRET_KEY = "tiering-secret-key"
 REGION = "us-east-1"
@@ -68,3 +70,16 @@ def start_minio(data_dir: Path, port: int, console_port: int) -> int:
 def minio_live(port: int) -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/minio/health/live", timeout=2) as resp:
         return bool(resp.status == 200)
+
+
+def s3_endpoint(port: int, data_dir: Path, pid: int | None = None) -> S3Endpoint:
+    """The stack's S3 endpoint: MinIO on 127.0.0.1:``port``, with the stack's keys, region and bucket."""
+    return S3Endpoint(
+        endpoint_url=f"http://127.0.0.1:{port}",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        region=REGION,
+        bucket=BUCKET,
+        data_dir=str(data_dir),
+        pid=pid,
+    )

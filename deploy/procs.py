@@ -58,17 +58,28 @@ def alive(pid: int | None) -> bool:
 
 def wait_ready(component: str, pid: int, probe: Callable[[], bool], log_file: Path, timeout: float = 90.0) -> None:
     """Poll ``probe`` until it returns True; raise StackError with the log tail on death or timeout."""
+    wait_until(component, probe, lambda: alive(pid), lambda: log_tail(log_file), str(log_file), timeout)
+
+
+def wait_until(
+    component: str,
+    probe: Callable[[], bool],
+    running: Callable[[], bool],
+    logs: Callable[[], str],
+    log_name: str,
+    timeout: float = 90.0,
+) -> None:
+    """Poll ``probe`` (0.25 s apart) while ``running()`` holds; StackError with ``logs()`` when the
+    component exits or ``timeout`` passes. A probe that raises counts as not ready yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not alive(pid):
-            raise StackError(f"{component} exited during start-up; last lines of {log_file}:\n{log_tail(log_file)}")
+        if not running():
+            raise StackError(f"{component} exited during start-up; last lines of {log_name}:\n{logs()}")
         with contextlib.suppress(Exception):
             if probe():
                 return
         time.sleep(0.25)
-    raise StackError(
-        f"{component} did not become ready within {timeout:.0f}s; last lines of {log_file}:\n{log_tail(log_file)}"
-    )
+    raise StackError(f"{component} did not become ready within {timeout:.0f}s; last lines of {log_name}:\n{logs()}")
 
 
 def stop_groups(pids: Iterable[int | None], *, timeout: float = 20.0, kill: bool = False) -> None:

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian machine (run as root), idempotently:
 # etcd from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
-# built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}).
+# built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}); for the
+# containers backend, podman, runc and debootstrap from Debian (the images are built by
+# `tiering dev images`, which .ci/run calls, or on a stack's first start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v etcd >/dev/null 2>&1; then
-    echo "setup: installing etcd-server from Debian"
+missing=()
+for pair in etcd:etcd-server podman:podman runc:runc debootstrap:debootstrap; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: installing ${missing[*]} from Debian"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq etcd-server >/dev/null
+    apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 for tool in java mvn go python3; do
     if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/local/go/bin/$tool" ]; then

@@ -1,6 +1,17 @@
 """Fixtures that start the real local stack (Kafka, MinIO, etcd) for integration tests.
 
-The stack is started once per test session in a temporary directory and stopped at the end.
+The stack is started once per test session in a temporary directory and stopped at the end, on the
+backend named by ``TIERING_TEST_BACKEND``: ``processes`` (local processes, the default) or
+``containers`` (containers of locally built images on podman, through testcontainers). Either way the
+fixtures return the same ``deploy.stack.Endpoints``, so a test runs unchanged on both; broker faults go
+through ``deploy.stack`` (``kill_broker``, ``restart_broker``, ``pause_broker``...), which acts on the
+stack's own backend.
+
+Markers: ``containers`` tests also run in the containers pass of .ci/run
+(``TIERING_TEST_BACKEND=containers python -m pytest -m "containers or containers_only"``);
+``containers_only`` tests need that backend (sidecar containers beside the brokers) and are deselected
+on the other.
+
 Set ``TIERING_TEST_STACK_DIR`` to reuse a stack started with ``tiering dev up --dir ...`` (it is
 left running). A component that cannot start skips the test, except under ``CI=true``, where the
 test fails: CI must never go green on tests that did not run.
@@ -8,6 +19,7 @@ test fails: CI must never go green on tests that did not run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +31,28 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from deploy import stack as stack_mod
 from deploy.errors import StackError
-from deploy.stack import Endpoints
+from deploy.stack import BACKENDS, Backend, Endpoints
+
+BACKEND_ENV = "TIERING_TEST_BACKEND"
+
+
+def stack_backend() -> Backend:
+    """The backend the fixtures start stacks on: ``$TIERING_TEST_BACKEND``, else ``processes``."""
+    name = os.environ.get(BACKEND_ENV) or "processes"
+    for backend in BACKENDS:
+        if backend == name:
+            return backend
+    raise pytest.UsageError(f"{BACKEND_ENV}={name!r}: use one of {', '.join(BACKENDS)}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect ``containers_only`` tests unless the fixtures start containers."""
+    if stack_backend() == "containers":
+        return
+    keep = [item for item in items if item.get_closest_marker("containers_only") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
 def _unavailable(what: str, exc: Exception) -> NoReturn:
@@ -32,11 +65,13 @@ def _unavailable(what: str, exc: Exception) -> NoReturn:
 def _start(tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int) -> Iterator[Endpoints]:
     reuse = os.environ.get(f"TIERING_TEST_STACK{'' if brokers == 1 else brokers}_DIR")
     stack_dir = Path(reuse) if reuse else tmp_path_factory.mktemp(name)
+    backend = None if reuse else stack_backend()
     try:
-        endpoints = stack_mod.start(stack_dir, brokers=brokers)
+        endpoints = stack_mod.start(stack_dir, brokers=brokers, backend=backend)
     except StackError as exc:
-        stack_mod.stop(stack_dir)
-        _unavailable(f"the local stack ({brokers} broker(s))", exc)
+        with contextlib.suppress(StackError):
+            stack_mod.stop(stack_dir)
+        _unavailable(f"the local stack ({brokers} broker(s), {backend or 'reused'} backend)", exc)
     try:
         yield endpoints
     finally:

@@ -28,7 +28,7 @@ from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
 from tiering_core.objects import SegmentRef
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
 LOCAL_RETENTION_BYTES = 1 << 20
 

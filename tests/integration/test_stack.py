@@ -15,12 +15,11 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from deploy import stack as stack_mod
-from deploy.procs import alive
 from deploy.stack import Endpoints
-from tests.conftest import create_topic
+from tests.conftest import create_topic, stack_backend
 from tiering.cli.main import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
 
 def _produce(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, bytes]]:
@@ -73,7 +72,7 @@ def test_etcd_put_get(stack: Endpoints) -> None:
 def test_start_is_idempotent(stack: Endpoints) -> None:
     again = stack_mod.start(Path(stack.stack_dir), brokers=len(stack.brokers))
     assert again.bootstrap == stack.bootstrap
-    assert [b.pid for b in again.brokers] == [b.pid for b in stack.brokers]
+    assert [(b.pid, b.container) for b in again.brokers] == [(b.pid, b.container) for b in stack.brokers]
 
 
 def test_dev_cli_restarts_a_stopped_stack_on_its_data(stack: Endpoints, tmp_path: Path) -> None:
@@ -84,7 +83,7 @@ def test_dev_cli_restarts_a_stopped_stack_on_its_data(stack: Endpoints, tmp_path
         return CliRunner().invoke(main, ["dev", *args, "--dir", str(stack_dir)])
 
     try:
-        assert (up := dev("up")).exit_code == 0, up.output
+        assert (up := dev("up", "--backend", stack_backend())).exit_code == 0, up.output
         first = Endpoints.load(stack_dir / stack_mod.ENDPOINTS)
         topic = create_topic(first.bootstrap)
         sent = _produce(first.bootstrap, topic, 5)
@@ -99,8 +98,7 @@ def test_dev_cli_restarts_a_stopped_stack_on_its_data(stack: Endpoints, tmp_path
 
         assert (up := dev("up")).exit_code == 0, up.output
         second = Endpoints.load(stack_dir / stack_mod.ENDPOINTS)
-        assert second.cluster_id == first.cluster_id
-        assert second.brokers[0].pid != first.brokers[0].pid
+        assert second.cluster_id == first.cluster_id and second.backend == stack_backend()
         assert _consume(second.bootstrap, topic, len(sent)) == sent
         got = stack_mod.s3_client(second).get_object(Bucket=second.s3.bucket, Key="kept")["Body"].read()
         assert got == body
@@ -121,14 +119,13 @@ def test_killed_broker_restarts_on_its_data(stack3: Endpoints) -> None:
     producer = Producer({"bootstrap.servers": stack3.bootstrap, "acks": "all"})
     producer.produce(topic, value=b"before-crash")
     assert producer.flush(30) == 0
-    old_pid = stack3.broker(3).pid
     stack_mod.kill_broker(stack3, 3, hard=True)
-    assert not alive(old_pid)
+    assert not stack_mod.components_alive(stack3)["kafka-3"]
 
     stack_mod.restart_broker(stack3, 3)
-    new_pid = stack3.broker(3).pid
-    assert new_pid != old_pid and alive(new_pid)
-    assert Endpoints.load(Path(stack3.stack_dir) / stack_mod.ENDPOINTS).broker(3).pid == new_pid
+    assert stack_mod.components_alive(stack3)["kafka-3"]
+    saved = Endpoints.load(Path(stack3.stack_dir) / stack_mod.ENDPOINTS).broker(3)
+    assert (saved.pid, saved.container) == (stack3.broker(3).pid, stack3.broker(3).container)
     assert _wait_in_isr(stack3.bootstrap, topic, 3), "the restarted broker did not rejoin the ISR"
 
 
