@@ -6,6 +6,7 @@ from metadata.manager import MetadataManager
 from metadata.partition import PartitionSegments, RemoteSegment
 from metadata.records import (
     ClusterRecord,
+    LogStartRecord,
     MetadataRecord,
     PartitionDeleteRecord,
     RecordDecodeError,
@@ -25,6 +26,7 @@ __all__ = [
     "EtcdLeases",
     "LeaseError",
     "LocalDirSnapshotStore",
+    "LogStartRecord",
     "MetadataManager",
     "MetadataRecord",
     "MetadataState",

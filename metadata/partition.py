@@ -13,7 +13,7 @@ import bisect
 from array import array
 from typing import NamedTuple
 
-from segment_fsm import Fence, PartitionDeleteState, SegmentState
+from segment_fsm import Fence, LogStarts, PartitionDeleteState, SegmentState
 
 STARTED = int(SegmentState.COPY_SEGMENT_STARTED)
 FINISHED = int(SegmentState.COPY_SEGMENT_FINISHED)
@@ -47,12 +47,13 @@ class RemotePartitionState(NamedTuple):
     segment_counts: dict[str, int]
     fence: Fence
     delete_state: PartitionDeleteState | None
+    log_starts: LogStarts = LogStarts()
 
 
 class PartitionSegments:
     __slots__ = (
-        "base", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids", "max_span", "max_ts",
-        "order", "size", "state", "topic",
+        "base", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids", "log_starts", "max_span",
+        "max_ts", "order", "size", "state", "topic",
     )  # fmt: skip
 
     def __init__(self, topic: str) -> None:
@@ -70,6 +71,7 @@ class PartitionSegments:
         self.fence = Fence(-1, 0)
         self.max_span = 0
         self.delete_state: PartitionDeleteState | None = None
+        self.log_starts = LogStarts()
 
     def __len__(self) -> int:
         return len(self.state)
@@ -155,7 +157,7 @@ class PartitionSegments:
         """Rx, Ry, remote size and counts: one pass over the partition's segments."""
         rx, ry = self.remote_bounds()
         return RemotePartitionState(
-            self.topic, rx, ry, self.remote_size(), self.counts(), self.fence, self.delete_state
+            self.topic, rx, ry, self.remote_size(), self.counts(), self.fence, self.delete_state, self.log_starts
         )
 
     def segment_for_offset(self, offset: int) -> RemoteSegment | None:
@@ -184,6 +186,6 @@ class PartitionSegments:
             fresh.add(bytes(self.ids[r * 16 : r * 16 + 16]), self.state[r], self.epoch[r], self.event_time[r],
                       self.base[r], self.end[r], self.first_ts[r], self.max_ts[r], self.size[r])  # fmt: skip
         for name in self.__slots__:
-            if name not in ("fence", "delete_state", "topic"):
+            if name not in ("fence", "delete_state", "log_starts", "topic"):
                 setattr(self, name, getattr(fresh, name))
         return dropped

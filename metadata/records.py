@@ -22,7 +22,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from segment_fsm import PartitionDeleteState, SegmentState, TopicAction
+from segment_fsm import LogStartKind, PartitionDeleteState, SegmentState, TopicAction
 from tiering_core.errors import TieringError
 
 VERSION = 1
@@ -92,7 +92,17 @@ class _Record(BaseModel):
         return unparse(self.TYPE, self.raw())
 
 
-class SegmentRecord(_Record):
+class PartitionRecord(_Record):
+    """A record about one user partition, written by its leader's sidecar (broker id and epoch required)."""
+
+    broker_id: int
+    leader_epoch: int
+    topic: TopicName
+    topic_id: TopicId
+    partition: int = Field(ge=0)
+
+
+class SegmentRecord(PartitionRecord):
     """A segment copy's transition to ``state``, written by the partition leader's sidecar.
 
     ``end_offset`` is inclusive; ``first_timestamp`` / ``max_timestamp`` are the lowest batch base
@@ -106,11 +116,6 @@ class SegmentRecord(_Record):
     TYPE: ClassVar[int] = 1
     FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqq16si16sBqqqqq")
 
-    broker_id: int
-    leader_epoch: int
-    topic: TopicName
-    topic_id: TopicId
-    partition: int = Field(ge=0)
     segment_id: uuid.UUID
     state: SegmentState
     base_offset: int = Field(ge=0)
@@ -134,17 +139,12 @@ class SegmentRecord(_Record):
         )  # fmt: skip
 
 
-class PartitionDeleteRecord(_Record):
+class PartitionDeleteRecord(PartitionRecord):
     """A deleted topic's partition moving through DELETE_PARTITION_MARKED / STARTED / FINISHED."""
 
     TYPE: ClassVar[int] = 2
     FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqq16siB")
 
-    broker_id: int
-    leader_epoch: int
-    topic: TopicName
-    topic_id: TopicId
-    partition: int = Field(ge=0)
     state: PartitionDeleteState
 
     def raw(self) -> tuple:
@@ -182,9 +182,29 @@ class ClusterRecord(_Record):
         return (*self._common(), self.action)
 
 
-MetadataRecord = SegmentRecord | PartitionDeleteRecord | TopicRecord | ClusterRecord
+class LogStartRecord(PartitionRecord):
+    """A partition's log start offsets (``segment_fsm.log_start``), written by its leader's sidecar.
+
+    LOCAL_LOG_START: local retention is about to ask the broker for ``offset`` (written before the
+    ``delete_records`` call). LOG_START: the broker's log start offset ``offset`` is above every offset
+    recorded so far; copies entirely below it are deleted.
+    """
+
+    TYPE: ClassVar[int] = 5
+    FIXED: ClassVar[struct.Struct] = struct.Struct(">iiqq16siBq")
+
+    kind: LogStartKind
+    offset: int = Field(ge=0)
+
+    def raw(self) -> tuple:
+        return (
+            *self._common(), topic_id_bytes(self.topic_id), self.partition, self.kind, self.offset, self.topic,
+        )  # fmt: skip
+
+
+MetadataRecord = SegmentRecord | PartitionDeleteRecord | TopicRecord | ClusterRecord | LogStartRecord
 _TYPES: dict[int, type[_Record]] = {
-    c.TYPE: c for c in (SegmentRecord, PartitionDeleteRecord, TopicRecord, ClusterRecord)
+    c.TYPE: c for c in (SegmentRecord, PartitionDeleteRecord, TopicRecord, ClusterRecord, LogStartRecord)
 }
 _NFIXED = {kind: len(cls.FIXED.unpack(bytes(cls.FIXED.size))) for kind, cls in _TYPES.items()}
 
@@ -214,6 +234,7 @@ def unparse(kind: int, fields: tuple) -> bytes:
 _SEGMENT_STATES = frozenset(int(s) for s in SegmentState)
 _PARTITION_STATES = frozenset(int(s) for s in PartitionDeleteState)
 _ACTIONS = frozenset(int(a) for a in TopicAction)
+_LOG_START_KINDS = frozenset(int(k) for k in LogStartKind)
 _MAX_NAME = 249
 
 
@@ -236,6 +257,10 @@ def _invalid(kind: int, fields: tuple) -> str | None:
         return None
     if partition < 0:
         return f"{name} of topic {topic} has a negative partition {partition}"
+    if kind == LogStartRecord.TYPE:
+        if fields[6] not in _LOG_START_KINDS or fields[7] < 0:
+            return f"{name} of {topic}-{partition} has kind {fields[6]} and offset {fields[7]}"
+        return None
     if kind == PartitionDeleteRecord.TYPE:
         return (
             None
@@ -334,6 +359,11 @@ def decode(data: bytes) -> MetadataRecord:
             return TopicRecord(
                 **common, topic_id=topic_id_str(f[4]), action=TopicAction(f[5]), local_retention_ms=f[6],
                 local_retention_bytes=f[7], topic=f[8],
+            )  # fmt: skip
+        if kind == LogStartRecord.TYPE:
+            return LogStartRecord(
+                **common, topic_id=topic_id_str(f[4]), partition=f[5], kind=LogStartKind(f[6]), offset=f[7],
+                topic=f[8],
             )  # fmt: skip
         return ClusterRecord(**common, action=TopicAction(f[4]))
     except ValueError as exc:  # pydantic's ValidationError and bad enum ids are ValueErrors

@@ -29,7 +29,7 @@ import crc32c
 from metadata.partition import COLUMNS_Q, PartitionSegments
 from metadata.records import topic_id_bytes, topic_id_str
 from metadata.state import ClusterTiering, MetadataState
-from segment_fsm import Fence, PartitionDeleteState, TopicTiering
+from segment_fsm import Fence, LogStarts, PartitionDeleteState, TopicTiering
 from tiering_core.errors import TieringError
 
 MAGIC = b"TSNP"
@@ -142,6 +142,7 @@ def encode_snapshot(
                 None if p.delete_state is None else int(p.delete_state),
                 len(p),
                 p.max_span,
+                list(p.log_starts),
             ]
         )
         blobs.extend(_little_endian(getattr(p, column)) for column in _FILE_COLUMNS)
@@ -170,9 +171,10 @@ def _read_body(f: BinaryIO) -> Snapshot:
         state.topics[topic_id_bytes(tid)] = (name, TopicTiering(*flags))
     for tid, since in header.get("topic_since", {}).items():  # absent in snapshots of older sidecars
         state.topic_since[topic_id_bytes(tid)] = since
-    for tid, num, topic, fence, delete_state, n, max_span in header["partitions"]:
+    for tid, num, topic, fence, delete_state, n, max_span, *log_starts in header["partitions"]:
         p = PartitionSegments(topic)
         p.fence = Fence(*fence)
+        p.log_starts = LogStarts(*log_starts[0]) if log_starts else LogStarts()  # absent before LogStartRecord
         p.delete_state = None if delete_state is None else PartitionDeleteState(delete_state)
         for column in _FILE_COLUMNS:
             current = getattr(p, column)

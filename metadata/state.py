@@ -15,6 +15,7 @@ from typing import NamedTuple
 from metadata.partition import DELETE_FINISHED, PartitionSegments
 from metadata.records import (
     ClusterRecord,
+    LogStartRecord,
     MetadataRecord,
     PartitionDeleteRecord,
     RecordDecodeError,
@@ -27,12 +28,15 @@ from metadata.records import (
 )
 from segment_fsm import (
     Fence,
+    LogStartKind,
     PartitionDeleteState,
     SegmentState,
     TopicAction,
     TopicTiering,
+    apply_log_start,
     apply_topic_action,
     fence_rejection,
+    log_start_rejection,
     partition_delete_rejection,
     segment_rejection,
 )
@@ -40,8 +44,8 @@ from segment_fsm.fencing import advance
 from segment_fsm.states import SEGMENT_TRANSITIONS
 
 _ALLOWED = {(-1 if k is None else int(k)): frozenset(int(v) for v in vs) for k, vs in SEGMENT_TRANSITIONS.items()}
-_SEGMENT, _PARTITION, _TOPIC, _CLUSTER = (
-    SegmentRecord.TYPE, PartitionDeleteRecord.TYPE, TopicRecord.TYPE, ClusterRecord.TYPE,
+_SEGMENT, _PARTITION, _TOPIC, _CLUSTER, _LOG_START = (
+    SegmentRecord.TYPE, PartitionDeleteRecord.TYPE, TopicRecord.TYPE, ClusterRecord.TYPE, LogStartRecord.TYPE,
 )  # fmt: skip
 COMPACT_AFTER = 1024  # drop rows of finished deletions once a partition has this many
 
@@ -99,6 +103,8 @@ class MetadataState:
             result = self._apply_partition_delete(f)
         elif kind == _TOPIC:
             result = self._apply_topic(f)
+        elif kind == _LOG_START:
+            result = self._apply_log_start(f)
         else:
             result = self._apply_cluster(f)
         if result.accepted:
@@ -146,6 +152,19 @@ class MetadataState:
         if reason:
             return ApplyResult(False, reason)
         p.delete_state = new
+        p.fence = advance(p.fence, Fence(epoch, token))
+        return ACCEPTED
+
+    def _apply_log_start(self, f: tuple) -> ApplyResult:
+        broker, epoch, token, _time, tid, partition, kind, offset, topic = f
+        p = self._partition(tid, partition, topic)
+        kind = LogStartKind(kind)
+        reason = fence_rejection(p.fence, Fence(epoch, token), broker) or log_start_rejection(
+            p.log_starts, kind, offset
+        )
+        if reason:
+            return ApplyResult(False, f"{topic}-{partition}: {reason}")
+        p.log_starts = apply_log_start(p.log_starts, kind, offset)
         p.fence = advance(p.fence, Fence(epoch, token))
         return ACCEPTED
 
@@ -205,6 +224,7 @@ class MetadataState:
                 "topic": p.topic,
                 "fence": tuple(p.fence),
                 "delete_state": None if p.delete_state is None else p.delete_state.name,
+                "log_starts": tuple(p.log_starts),
                 "segments": [tuple(s) for s in p.segments()],
             }
         return {

@@ -22,8 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from metadata.records import (
     ClusterRecord,
     MetadataRecord,
-    PartitionDeleteRecord,
-    SegmentRecord,
+    PartitionRecord,
     topic_id_bytes,
     topic_id_str,
 )
@@ -131,7 +130,7 @@ class MetadataWal:
         """The WAL partition of ``record``: by topic id + partition, by topic id, or 0 (cluster)."""
         if isinstance(record, ClusterRecord):
             return 0
-        user_partition = record.partition if isinstance(record, SegmentRecord | PartitionDeleteRecord) else None
+        user_partition = record.partition if isinstance(record, PartitionRecord) else None
         return self.partition_of(topic_id_bytes(record.topic_id), user_partition)
 
     def partition_of(self, topic_id: bytes, partition: int | None) -> int:

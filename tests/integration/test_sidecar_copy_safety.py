@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
+from deploy.kafka import run_kafka_tool
 from deploy.stack import Endpoints
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
@@ -164,3 +166,70 @@ def test_segment_without_time_index_entries_is_judged_by_its_file_time(stack: En
             ref = SegmentRef(topic, topic_id, p, 0, uuid.UUID(bytes=copy.segment_id))
             assert ctx.copier.manifest(ref).max_timestamp == record_max[p]
             assert ctx.store.get_bytes(ref.key(ctx.prefix, "log")) == originals[p]
+
+
+def kafka_delete_records(bootstrap: str, topic: str, partition: int, offset: int, tmp_path: Path) -> str:
+    """What an operator runs: Kafka's own kafka-delete-records tool (DeleteRecordsCommand)."""
+    spec = tmp_path / "delete-records.json"
+    spec.write_text(json.dumps({"partitions": [{"topic": topic, "partition": partition, "offset": offset}],
+                                "version": 1}))  # fmt: skip
+    done = run_kafka_tool(
+        "org.apache.kafka.tools.DeleteRecordsCommand", "--bootstrap-server", bootstrap, "--offset-json-file", str(spec)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_does(
+    stack: Endpoints, tmp_path: Path
+) -> None:
+    """Issue 7.9: after kafka-delete-records, copies entirely below the new log start offset are deleted
+    (KIP-405's rule) through DELETE_SEGMENT_*; the log start offsets our own local retention sets, before
+    and after a sidecar restart, delete nothing remote."""
+    topic = create_topic(stack.bootstrap, internal_segment_bytes=64 * 1024)
+    produce_one_record_batches(stack.bootstrap, topic, 2_500, value_size=300)
+    config = write_config(stack, tmp_path)
+    cli("topic", "enable", topic, "--local-retention-bytes", str(3 * 64 * 1024), "--config", str(config))
+
+    def lx(ctx: SidecarContext) -> int:
+        return ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx
+
+    with running(config) as (ctx, sidecar):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+        wait_for(lambda: lx(ctx) > 1000, 120, "local retention to release most segments", step=sidecar.tick)
+        produce_one_record_batches(stack.bootstrap, topic, 1_000, value_size=300)
+        start = lx(ctx)
+        wait_for(lambda: lx(ctx) > start, 120, "local retention to release more", step=sidecar.tick)
+    with running(config) as (ctx, sidecar):  # a restarted sidecar: its state comes from the WAL
+        for _ in range(3):
+            sidecar.tick()
+        state = ctx.manager.partition_state(topic_id, 0)
+        copies = ctx.manager.segments(topic_id, 0, FINISHED)
+        assert state is not None and state.remote_start_offset == 0, "local retention deleted remote data"
+        assert state.segment_counts["DELETE_SEGMENT_FINISHED"] == 0
+        assert state.log_starts.local == lx(ctx) and state.log_starts.log_start == -1
+        ry = state.remote_end_offset
+        assert ry is not None and lx(ctx) <= ry
+
+        user_start = (lx(ctx) + ry) // 2  # inside the local data that is also remote
+        assert lx(ctx) < user_start
+        kafka_delete_records(stack.bootstrap, topic, 0, user_start, tmp_path)
+        assert lx(ctx) == user_start
+
+        def applied() -> bool:
+            s = ctx.manager.partition_state(topic_id, 0)
+            return s is not None and s.log_starts.log_start == user_start and s.segment_counts[
+                "DELETE_SEGMENT_STARTED"] == 0 and (s.remote_start_offset or 0) > 0  # fmt: skip
+
+        wait_for(applied, 60, "copies below the user's log start offset to be deleted", step=sidecar.tick)
+        kept = ctx.manager.segments(topic_id, 0, FINISHED)
+        keys = set(ctx.store.list_keys(f"{ctx.prefix}/{topic}-{topic_id}/"))
+    row = json.loads(cli("topic", "status", topic, "--json", "--config", str(config)))["partitions"][0]
+    assert (row["log_start_offset"], row["Lx"]) == (user_start, user_start)
+    gone = [c for c in copies if c.end_offset < user_start]
+    stays = [c for c in copies if c.end_offset >= user_start]
+    assert gone and stays
+    assert sorted(c.segment_id for c in kept) == sorted(c.segment_id for c in stays)
+    for c in copies:
+        ref = SegmentRef(topic, topic_id, 0, c.base_offset, uuid.UUID(bytes=c.segment_id))
+        assert (ref.key(ctx.prefix, "log") in keys) == (c.end_offset >= user_start)

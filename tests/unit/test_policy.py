@@ -90,7 +90,7 @@ def test_local_retention_above_total_is_refused() -> None:
         RetentionSettings(retention_bytes=5, local_retention_bytes=-1)
 
 
-def test_remote_expiry_by_time_size_and_hole() -> None:
+def test_remote_expiry_by_time_size_and_log_start() -> None:
     remote = [RemoteSegmentInfo(str(i), i * 10, i * 10 + 9, 100, 1_000 * (i + 1)) for i in range(4)]
     by_time = remote_segments_to_expire(remote, RetentionSettings(retention_ms=1_500), now_ms=3_000)
     assert [s.segment_id for s in by_time] == ["0"]
@@ -98,9 +98,12 @@ def test_remote_expiry_by_time_size_and_hole() -> None:
         remote, RetentionSettings(retention_ms=-1, retention_bytes=250), 0, local_only_bytes=50
     )
     assert [s.segment_id for s in by_size] == ["0", "1"]
-    below_hole = remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=100)
-    assert len(below_hole) == 4
-    assert remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=40) == []
+    # KIP-405: copies whose end offset is below the (user's) log start offset go, whatever their age
+    below = remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=100)
+    assert len(below) == 4
+    below = remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=25)
+    assert [s.segment_id for s in below] == ["0", "1"]  # "2" holds offset 25, which is still readable
+    assert remote_segments_to_expire(remote, RetentionSettings(retention_ms=-1), 0, log_start_offset=None) == []
 
 
 @st.composite

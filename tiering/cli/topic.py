@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from metadata import ClusterRecord, TopicRecord
-from segment_fsm import SegmentState, TopicAction
+from segment_fsm import LogStarts, SegmentState, TopicAction
 from tiering.cli.common import admin_context, config_option
 from tiering.policy import RetentionSettings
 from tiering.sidecar.context import SidecarContext
@@ -186,11 +186,13 @@ def partition_rows(ctx: SidecarContext, info: TopicInfo) -> list[dict[str, Any]]
         ry = summary.remote_end_offset if summary else None
         counts = summary.segment_counts if summary else {s.name: 0 for s in SegmentState}
         remote_bytes = summary.remote_size if summary else 0
+        starts = summary.log_starts if summary else LogStarts()
         side = status.get(status_key(info.topic_id, p.partition), {})
         rows.append(
             {
                 "partition": p.partition, "leader": p.leader, "Lx": local.lx, "Ly": local.ly, "Lz": local.lz,
                 "Rx": rx, "Ry": ry, "remote_bytes": remote_bytes,
+                "local_log_start_offset": starts.local, "log_start_offset": starts.log_start,  # -1: none recorded
                 "copy_lag_bytes": side.get("copy_lag_bytes"), "copy_lag_segments": side.get("copy_lag_segments"),
                 "segments": counts, "last_error": side.get("last_error"), "failing": side.get("failing", {}),
                 "next_retry_ms": side.get("next_retry_ms"),

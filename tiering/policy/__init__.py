@@ -5,6 +5,7 @@ and ask these functions what to do, so every rule is unit-testable on its own.
 """
 
 from tiering.policy.copy import CopyDecision, LocalSegmentInfo, next_segment_to_copy
+from tiering.policy.log_start import log_start_to_record
 from tiering.policy.offsets import OffsetViolation, PartitionOffsets
 from tiering.policy.retention import (
     RemoteSegmentInfo,
@@ -21,6 +22,7 @@ __all__ = [
     "RemoteSegmentInfo",
     "RetentionSettings",
     "local_retention_target",
+    "log_start_to_record",
     "next_segment_to_copy",
     "remote_segments_to_expire",
 ]

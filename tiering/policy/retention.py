@@ -127,20 +127,19 @@ def remote_segments_to_expire(
 
     ``remote`` is sorted by base offset. ``local_only_bytes`` is the local data above the remote end,
     which counts toward retention.bytes (the total log is remote plus local-only data).
-    ``log_start_offset`` is the broker's; copies entirely below it when there is a hole (the broker's
-    own retention deleted data that was never uploaded) are older than the total retention too and
-    expire with it.
+    ``log_start_offset`` is the partition's log start offset as KIP-405 means it: moved by a user's
+    ``delete_records`` or the broker's own retention, never by local retention (see
+    ``tiering.policy.log_start``). Copies whose end offset is below it are deleted whatever their age,
+    as Kafka's RemoteLogManager does.
     """
     expired: list[RemoteSegmentInfo] = []
     remaining = sum(s.size for s in remote) + local_only_bytes
-    ry = max((s.end_offset for s in remote), default=None)
-    hole = log_start_offset is not None and ry is not None and log_start_offset > ry + 1
     for segment in remote:
-        below_hole = hole and log_start_offset is not None and segment.end_offset < log_start_offset
+        below_start = log_start_offset is not None and segment.end_offset < log_start_offset
         age_ms = now_ms - segment.max_timestamp
         by_time = settings.retention_ms != UNLIMITED and age_ms > settings.retention_ms
         by_size = settings.retention_bytes != UNLIMITED and remaining - segment.size >= settings.retention_bytes
-        if not (below_hole or by_time or by_size):
+        if not (below_start or by_time or by_size):
             break
         remaining -= segment.size
         expired.append(segment)

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metadata import SegmentRecord
+from metadata import LogStartRecord, SegmentRecord
 from metadata.partition import RemoteSegment
-from segment_fsm import SegmentState, TopicTiering
+from segment_fsm import LogStartKind, LogStarts, SegmentState, TopicTiering
 from tiering.copier import LocalSegment
 from tiering.policy import (
     LocalSegmentInfo,
@@ -25,6 +25,7 @@ from tiering.policy import (
     RemoteSegmentInfo,
     RetentionSettings,
     local_retention_target,
+    log_start_to_record,
     next_segment_to_copy,
     remote_segments_to_expire,
 )
@@ -92,6 +93,7 @@ class PartitionTask:
         if begun is not None:
             token, local, offsets = begun
             epoch = facts.offsets.leader_epoch
+            retry.run(scope, "log_start", lambda: self._record_log_start(offsets, epoch, token))
             if facts.uploads_allowed:
                 retry.run(scope, "copy", lambda: self._copy_all(facts, local, offsets, epoch, token))
                 offsets = self._offsets(facts.offsets)
@@ -100,7 +102,8 @@ class PartitionTask:
                 retry.clear(scope, "copy")
             settings = retry.run(scope, "retention", lambda: self._retention(facts))
             if settings is not None and facts.local_deletion_allowed:
-                retry.run(scope, "local_retention", lambda: self._local_retention(local, offsets, settings))
+                retry.run(scope, "local_retention",
+                          lambda: self._local_retention(local, offsets, settings, epoch, token))  # fmt: skip
             else:
                 retry.clear(scope, "local_retention")
             if settings is not None:
@@ -193,12 +196,12 @@ class PartitionTask:
             size=size, leader_epochs=((epoch, ref.base_offset),),
         )  # fmt: skip
 
-    def _publish(self, record: SegmentRecord) -> bool:
+    def _publish(self, record: SegmentRecord | LogStartRecord) -> bool:
         result = self.ctx.manager.publish(record)
         if not result.accepted:
             log.warning(
-                "metadata transition rejected", topic=self.topic, partition=self.partition,
-                state=record.state.name, reason=result.reason,
+                "metadata transition rejected", topic=self.topic, partition=self.partition, reason=result.reason,
+                state=record.state.name if isinstance(record, SegmentRecord) else record.kind.name,
             )  # fmt: skip
         return result.accepted
 
@@ -276,13 +279,43 @@ class PartitionTask:
             raise
         return self._publish(self._record(ref, SegmentState.DELETE_SEGMENT_FINISHED, *common))
 
+    # -- log start offsets (segment_fsm.log_start) --------------------------------------------
+    def _log_starts(self) -> LogStarts:
+        summary = self.ctx.manager.partition_state(self.topic_id, self.partition)
+        return LogStarts() if summary is None else summary.log_starts
+
+    def _publish_log_start(self, kind: LogStartKind, offset: int, epoch: int, token: int) -> bool:
+        return self._publish(LogStartRecord(
+            topic=self.topic, topic_id=self.topic_id, partition=self.partition, broker_id=self.ctx.broker_id,
+            leader_epoch=epoch, fencing_token=token, event_time=self.ctx.now_ms(), kind=kind, offset=offset,
+        ))  # fmt: skip
+
+    def _record_log_start(self, offsets: PartitionOffsets, epoch: int, token: int) -> None:
+        """Record a baseline, or a log start offset moved above every local retention request (a user's
+        delete_records or the broker's retention), below which remote retention then deletes copies."""
+        starts = self._log_starts()
+        action = log_start_to_record(offsets.lx, offsets.ry, starts)
+        if action is None:
+            return
+        kind, offset = action
+        if self._publish_log_start(kind, offset, epoch, token) and kind is LogStartKind.LOG_START:
+            log.warning(
+                "the log start offset moved above every local retention request: remote copies below it go",
+                topic=self.topic, partition=self.partition, log_start_offset=offset,
+                local_log_start_offset=starts.local,
+            )  # fmt: skip
+
     # -- retention --------------------------------------------------------------------------
-    def _local_retention(self, local: Local, offsets: PartitionOffsets,
-                         settings: RetentionSettings) -> None:  # fmt: skip
+    def _local_retention(self, local: Local, offsets: PartitionOffsets, settings: RetentionSettings, epoch: int,
+                         token: int) -> None:  # fmt: skip
         target = local_retention_target([s for s, _ in local], offsets, settings, self.ctx.now_ms())
         if target is None:
             return
         self._check_remote_holds(max(offsets.lx, offsets.rx or 0), target)
+        if target > self._log_starts().local and not self._publish_log_start(
+            LogStartKind.LOCAL_LOG_START, target, epoch, token
+        ):
+            return  # fenced, or our view was behind the WAL: decide again on the next tick
         new_start = self.ctx.cluster.delete_records_before(self.topic, self.partition, target)
         self.ctx.metrics.local_deleted_offsets.labels(**self.labels).inc(max(0, new_start - offsets.lx))
         log.info("local retention advanced the log start offset", topic=self.topic, partition=self.partition,
@@ -323,8 +356,9 @@ class PartitionTask:
                  for s in finished]  # fmt: skip
         ry = offsets.ry if offsets.ry is not None else -1
         local_only = sum(s.size for s, _ in local if s.base_offset > ry)
+        log_start = self._log_starts().log_start
         expired = remote_segments_to_expire(infos, settings, self.ctx.now_ms(), local_only_bytes=local_only,
-                                            log_start_offset=offsets.lx)  # fmt: skip
+                                            log_start_offset=log_start if log_start >= 0 else None)  # fmt: skip
         self.ctx.metrics.delete_lag_segments.labels(**self.labels).set(len(expired))
         by_id = {s.segment_id.hex(): s for s in finished}
         for info in expired:
