@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -19,6 +19,7 @@ import httpx
 import pytest
 import schemathesis
 from click.testing import CliRunner
+from confluent_kafka import KafkaError, Message, Producer
 from hypothesis import HealthCheck, given, settings
 from kafka.record.memory_records import MemoryRecords
 from schemathesis import GenerationMode
@@ -26,9 +27,9 @@ from schemathesis.checks import positive_data_acceptance
 
 from deploy.stack import Endpoints
 from reader import RemoteReader
-from tests.conftest import set_topic_config
+from tests.conftest import create_topic, set_topic_config
 from tests.fault_proxy import TcpProxy
-from tests.reader_harness import TieredTopic, expected, tiered_topic
+from tests.reader_harness import LOCAL_RETENTION, SEGMENT, TieredTopic, expected, tiered_topic
 from tests.sidecar_harness import Produced, produce_mixed, wait_for
 from tiering.cli.main import main
 
@@ -353,6 +354,72 @@ def test_pause_download_is_honoured_until_resumed(services: list[Service], tiere
     finally:
         topic_command(tiered, "resume-download")
     wait_for(lambda: s.get(path(tiered, "/batches"), offset=0).status_code == 200, 60, "the resume to be seen")
+
+
+def produce_aborted_transaction(bootstrap: str, topic: str, count: int) -> list[int]:
+    """One transaction of ``count`` records, large enough to span several segments, then aborted: its marker
+    lands in the active segment, so the remote data holds the records without their outcome for a while."""
+    offsets: list[int] = []
+
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, f"delivery failed: {err}"
+        offsets.append(msg.offset())
+
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-long", "linger.ms": 5,
+                    "batch.size": 16384})  # fmt: skip
+    txn.init_transactions(60)
+    txn.begin_transaction()
+    for i in range(count):
+        txn.produce(topic, key=f"long-{i}".encode(), value=b"x" * 100, on_delivery=delivered)
+        txn.poll(0)
+    txn.flush(60)
+    txn.abort_transaction(60)
+    assert len(offsets) == count
+    return sorted(offsets)
+
+
+def read_pages(s: Service, topic: str, offset: int, until: Callable[[dict], bool], **params: object) -> list[dict]:
+    """JSON pages from ``offset`` on, through the one for which ``until`` holds."""
+    pages = []
+    for _ in range(10_000):
+        r = s.get(f"/v1/topics/{topic}/partitions/0/records", offset=offset, **params)
+        assert r.status_code == 200, r.text
+        pages.append(r.json())
+        if until(pages[-1]):
+            return pages
+        offset = pages[-1]["next_offset"]
+    raise AssertionError("the page looked for never came")
+
+
+def test_read_committed_stops_where_a_transaction_outcome_is_not_remote_yet(
+    services: list[Service], tiered: Tiered, stack: Endpoints
+) -> None:
+    s = services[0]
+    topic = create_topic(stack.bootstrap, 1, internal_segment_bytes=SEGMENT)
+    before = produce_mixed(stack.bootstrap, topic, 1000)
+    aborted = produce_aborted_transaction(stack.bootstrap, topic, 3000)
+    result = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(LOCAL_RETENTION),
+                                       "--config", str(tiered.topic.config)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    remote_end = lambda: s.get(f"/v1/topics/{topic}/partitions/0").json()["remote_end_offset"] or -1  # noqa: E731
+    wait_for(lambda: remote_end() >= aborted[len(aborted) // 2], 180, "the open transaction's segments to tier")
+    assert remote_end() < aborted[-1] + 1, "the abort marker is remote already"
+
+    committed = read_pages(s, topic, 0, lambda p: p["last_stable_offset"] is not None, isolation_level="read_committed")
+    stop = committed[-1]
+    assert stop["last_stable_offset"] == stop["next_offset"] == aborted[0], "not stopped at the open transaction"
+    assert [r["offset"] for p in committed for r in p["records"]] == sorted(expected(before, read_committed=True))
+    raw = s.get(f"/v1/topics/{topic}/partitions/0/batches", offset=aborted[0], isolation_level="read_committed")
+    assert raw.status_code == 200 and raw.content == b"", "records of a transaction with no known outcome served"
+    assert raw.headers["Kafka-Last-Stable-Offset"] == raw.headers["Kafka-Next-Offset"] == str(aborted[0])
+    uncommitted = s.get(f"/v1/topics/{topic}/partitions/0/records", offset=aborted[0], max_records=10).json()
+    assert [r["offset"] for r in uncommitted["records"]] == aborted[:10], "read_uncommitted delivers them, as a broker"
+
+    after = produce_mixed(stack.bootstrap, topic, 8000, seed=7)  # rolls the segment holding the abort marker
+    wait_for(lambda: remote_end() > aborted[-1] + 1, 180, "the abort marker and later records to tier")
+    resumed = read_pages(s, topic, aborted[0], lambda p: bool(p["records"]), isolation_level="read_committed")
+    assert all(not p["records"] for p in resumed[:-1]) and resumed[-1]["last_stable_offset"] is None
+    assert resumed[-1]["records"][0]["offset"] == min(after), "the aborted transaction was not skipped exactly"
 
 
 def test_corrupt_or_deleted_object_is_an_error_naming_the_key(services: list[Service], tiered: Tiered) -> None:
