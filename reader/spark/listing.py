@@ -1,0 +1,144 @@
+"""The remote copies of a topic's partitions, found from the object listing alone (no broker, no WAL).
+
+A copy counts once its manifest exists: the manifest is the last object a copy writes, and the
+first one a deletion removes, so a listed manifest is a finished copy (or one whose deletion has
+just begun: its ``.log`` may vanish while it is read, which fails the read naming the key). Where
+copies overlap (after a leader change, or a retried copy) the choice is the one every reader makes:
+the copy of the higher leader epoch, then the one reaching further, then the later one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from tiering_core.errors import TieringError
+from tiering_core.objects import Manifest, parse_key
+from tiering_core.stores.base import RemoteStore
+
+_TOPIC_ID_LEN = 22  # Kafka's Uuid in URL-safe base64, no padding
+_MANIFEST_THREADS = 16
+
+
+class UnknownTopic(TieringError):
+    """No remote copy of the topic exists under the prefix: check the name, the prefix and that it is tiered."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A finished remote copy of one segment, with the offsets it is chosen for (inclusive)."""
+
+    manifest: Manifest
+    log_key: str
+    indexes_key: str
+    first: int
+    last: int
+
+    @property
+    def epoch(self) -> int:
+        return max((e for e, _ in self.manifest.leader_epochs), default=-1)
+
+
+@dataclass(frozen=True)
+class RemotePartition:
+    """The copies that together cover a partition's remote offsets, in offset order, without overlap."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    copies: tuple[Copy, ...]
+
+    @property
+    def start(self) -> int:
+        return self.copies[0].first
+
+    @property
+    def end(self) -> int:
+        """The last remote offset (Ry)."""
+        return self.copies[-1].last
+
+
+def split_topic_dir(name: str) -> tuple[str, str] | None:
+    """(topic, topic id) of a ``<topic>-<topicId>`` directory name, None for anything else."""
+    if len(name) < _TOPIC_ID_LEN + 2 or name[-_TOPIC_ID_LEN - 1] != "-":
+        return None
+    return name[: -_TOPIC_ID_LEN - 1], name[-_TOPIC_ID_LEN:]
+
+
+def list_remote_partitions(
+    store: RemoteStore, prefix: str, topics: list[str] | None = None, pattern: str | None = None,
+    topic_ids: dict[str, str] | None = None,
+) -> list[RemotePartition]:  # fmt: skip
+    """The remote partitions of ``topics`` (or of every topic matching ``pattern``), sorted.
+
+    A name with copies of several incarnations (deleted and recreated) resolves to the one given in
+    ``topic_ids``, else to the one with the newest copy. Raises UnknownTopic for a named topic that
+    has no copy.
+    """
+    keys: list[str] = []
+    if topics is not None:
+        for topic in topics:
+            keys.extend(store.list_keys(f"{prefix}/{topic}-"))
+    else:
+        keys = store.list_keys(f"{prefix}/")
+    regex = re.compile(pattern) if pattern is not None else None
+    manifests: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+    for key in keys:
+        parts = key[len(prefix) + 1 :].split("/")
+        parsed = parse_key(key)
+        named = split_topic_dir(parts[0]) if len(parts) == 3 else None
+        if named is None or parsed is None or parsed[2] != "manifest" or not parts[1].isdigit():
+            continue
+        topic, topic_id = named
+        if (topics is not None and topic not in topics) or (regex is not None and not regex.fullmatch(topic)):
+            continue
+        manifests[(topic, topic_id, int(parts[1]))].append(key)
+    with ThreadPoolExecutor(_MANIFEST_THREADS) as pool:
+        loaded = dict(zip(
+            [k for ks in manifests.values() for k in ks],
+            pool.map(lambda k: Manifest.decode(store.get_bytes(k), k), [k for ks in manifests.values() for k in ks]),
+            strict=True,
+        ))  # fmt: skip
+    newest: dict[str, tuple[int, str]] = {}
+    for (topic, topic_id, _), ks in manifests.items():
+        created = max(loaded[k].created_ms for k in ks)
+        if topic_ids and topic in topic_ids:
+            created = 1 << 62 if topic_ids[topic] == topic_id else -1
+        if created > newest.get(topic, (-2, ""))[0]:
+            newest[topic] = (created, topic_id)
+    for topic in topics or []:
+        if topic not in newest:
+            raise UnknownTopic(f"topic {topic!r} has no remote copy under {store.endpoint}/{prefix}")
+    out = []
+    for (topic, topic_id, partition), ks in sorted(manifests.items()):
+        if newest[topic][1] != topic_id:
+            continue
+        copies = choose_copies([loaded[k] for k in ks], prefix)
+        out.append(RemotePartition(topic, topic_id, partition, tuple(copies)))
+    return out
+
+
+def choose_copies(manifests: list[Manifest], prefix: str) -> list[Copy]:
+    """Copies covering every offset that any manifest covers, once, in order (holes stay holes)."""
+    ordered = sorted(manifests, key=lambda m: m.base_offset)
+    chosen: list[Copy] = []
+    next_offset = ordered[0].base_offset if ordered else 0
+    while ordered:
+        candidates = [m for m in ordered if m.base_offset <= next_offset <= m.end_offset]
+        if not candidates:
+            later = [m for m in ordered if m.base_offset > next_offset]
+            if not later:
+                break
+            next_offset = min(m.base_offset for m in later)  # a hole (data Kafka deleted before its upload)
+            continue
+        best = max(candidates, key=_preference)
+        ref = best.ref
+        chosen.append(Copy(best, ref.key(prefix, "log"), ref.key(prefix, "indexes"), next_offset, best.end_offset))
+        next_offset = best.end_offset + 1
+    return chosen
+
+
+def _preference(m: Manifest) -> tuple[int, int, int, str]:
+    return (max((e for e, _ in m.leader_epochs), default=-1), m.end_offset, m.created_ms, m.segment_id.hex)

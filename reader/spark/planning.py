@@ -1,0 +1,180 @@
+"""Driver-side planning: offset ranges per partition, then input slices of at most ``max_slice_bytes``.
+
+Reads only small parts of ``.indexes`` (ranged GETs at the positions the manifest gives): the offset
+index to find batch boundaries, the transaction index for aborted transactions, the last copy's
+producer snapshot for the transactions still open at the end of the remote data, and the time index
+to turn a timestamp into an offset. Ranges are inclusive ``[first, last]``.
+
+The remote data ends at its *stable* end: records of a transaction that was still open when the last
+copied segment rolled are left for a later run, since whether it commits is not yet in the remote
+data (the broker's last stable offset, for the remote copy).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from reader.spark.listing import Copy, RemotePartition
+from reader.spark.slices import SegmentSlice
+from tiering_core.errors import TieringError
+from tiering_core.formats import decode_batch, parse_offset_index, parse_time_index, parse_txn_index, scan_headers
+from tiering_core.formats.indexes import parse_producer_snapshot
+from tiering_core.stores.base import RemoteStore
+
+EARLIEST = -2
+LATEST = -1
+_THREADS = 16
+
+
+class OffsetOutOfRange(TieringError):
+    """A requested starting offset is below the remote start: retention deleted it. Start later, or set
+    failOnDataLoss=false to start at the remote start."""
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """What a read covers of one partition: offsets ``[first, last]``, or nothing (``last < first``)."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    first: int
+    last: int
+    remote_start: int
+    stable_end: int
+
+
+def index_part(store: RemoteStore, copy: Copy, name: str) -> bytes:
+    position, length = copy.manifest.index_parts[name]
+    if length == 0:
+        return b""
+    data = store.get_range(copy.indexes_key, position, position + length - 1)
+    if len(data) != length:
+        raise TieringError(f"{copy.indexes_key}: {name} index part cut short ({len(data)} of {length} bytes)")
+    return data
+
+
+def stable_end(store: RemoteStore, rp: RemotePartition) -> int:
+    """The last remote offset below every transaction still open at the end of the remote data."""
+    last = rp.copies[-1]
+    snapshot = index_part(store, last, "producer_snapshot")
+    entries = parse_producer_snapshot(snapshot, f"{last.indexes_key}#producer_snapshot") if snapshot else []
+    open_from = [e.current_txn_first_offset for e in entries if e.current_txn_first_offset >= 0]
+    return min([rp.end, *(o - 1 for o in open_from)])
+
+
+def resolve_range(
+    store: RemoteStore, rp: RemotePartition, start: int | None, end_exclusive: int | None,
+    start_ts: int | None = None, end_ts: int | None = None, *, fail_on_data_loss: bool = True,
+) -> PartitionRange:  # fmt: skip
+    """Turn Spark-style offsets (-2 earliest, -1 latest, end exclusive) or timestamps into a range."""
+    stable = stable_end(store, rp)
+    first = rp.start if start is None or start == EARLIEST else start
+    if start_ts is not None:
+        first = max(first, offset_for_timestamp(store, rp, start_ts, stable))
+    if first < rp.start:
+        if fail_on_data_loss:
+            raise OffsetOutOfRange(
+                f"{rp.topic}-{rp.partition}: starting offset {first} is below the remote start {rp.start} "
+                "(deleted by retention)"
+            )
+        first = rp.start
+    last = stable if end_exclusive is None or end_exclusive == LATEST else min(stable, end_exclusive - 1)
+    if end_ts is not None:
+        last = min(last, offset_for_timestamp(store, rp, end_ts, stable) - 1)
+    return PartitionRange(rp.topic, rp.topic_id, rp.partition, first, last, rp.start, stable)
+
+
+def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int, stable: int) -> int:
+    """The earliest offset whose record timestamp is >= ``timestamp`` (Kafka's ListOffsets by time);
+    ``stable + 1`` if there is none."""
+    for copy in rp.copies:
+        if copy.manifest.max_timestamp < timestamp:
+            continue
+        # Time index entries (T, O): T is the largest timestamp up to the batch ending at O, so every record
+        # up to the last entry with T < timestamp is too old; scan batches from there.
+        below = [e.offset for e in parse_time_index(index_part(store, copy, "time"), copy.manifest.base_offset)
+                 if e.timestamp < timestamp]  # fmt: skip
+        start_at = max(copy.first, below[-1] + 1 if below else copy.first)
+        position = _position_at_or_before(store, copy, start_at)
+        data = store.get_range(copy.log_key, position, copy.manifest.log_size - 1)
+        for header in scan_headers(copy.log_key, data):
+            if header.last_offset < start_at or header.max_timestamp < timestamp or header.is_control:
+                continue
+            for record in decode_batch(copy.log_key, data, header).records:
+                if record.offset >= start_at and record.timestamp >= timestamp:
+                    return min(record.offset, stable + 1)
+    return stable + 1
+
+
+def _offset_index(store: RemoteStore, copy: Copy) -> tuple[list[int], list[int]]:
+    entries = parse_offset_index(index_part(store, copy, "offset"), copy.manifest.base_offset)
+    return [e.offset for e in entries], [e.position for e in entries]
+
+
+def _position_at_or_before(store: RemoteStore, copy: Copy, offset: int) -> int:
+    offsets, positions = _offset_index(store, copy)
+    i = bisect.bisect_right(offsets, offset) - 1
+    return positions[i] if i >= 0 else 0
+
+
+def plan_slices(
+    store: RemoteStore, partitions: list[RemotePartition], ranges: list[PartitionRange], max_slice_bytes: int
+) -> list[SegmentSlice]:
+    """Input slices for the ranges: one per copy, large copies split at batch boundaries."""
+    with ThreadPoolExecutor(_THREADS) as pool:
+        aborts = list(pool.map(lambda job: _aborted(store, *job), zip(partitions, ranges, strict=True)))
+        jobs = [
+            (copy, rng, aborted)
+            for rp, rng, aborted in zip(partitions, ranges, aborts, strict=True)
+            for copy in rp.copies
+            if copy.last >= rng.first and copy.first <= rng.last
+        ]
+        nested = list(pool.map(lambda job: _copy_slices(store, *job, max_slice_bytes), jobs))
+    return [s for group in nested for s in group]
+
+
+def _aborted(store: RemoteStore, rp: RemotePartition, rng: PartitionRange) -> list[tuple[int, int, int]]:
+    """(producer id, first, last offset) of the aborted transactions that meet the range.
+
+    A transaction's entry is in the transaction index of the copy holding its ABORT marker, which can be
+    after the range's end, so every copy from the range's start on is consulted (most have none).
+    """
+    out = []
+    for copy in rp.copies:
+        if copy.last < rng.first or rng.last < rng.first or not copy.manifest.index_parts["txn"][1]:
+            continue
+        for t in parse_txn_index(index_part(store, copy, "txn"), f"{copy.indexes_key}#txn"):
+            if t.last_offset >= rng.first and t.first_offset <= rng.last:
+                out.append((t.producer_id, t.first_offset, t.last_offset))
+    return out
+
+
+def _copy_slices(
+    store: RemoteStore, copy: Copy, rng: PartitionRange, aborted: list[tuple[int, int, int]], max_slice_bytes: int
+) -> list[SegmentSlice]:
+    m = copy.manifest
+    first = max(copy.first, rng.first)
+    last = min(copy.last, rng.last)
+    mine = tuple(t for t in aborted if t[2] >= first and t[1] <= last)
+    whole = first == m.base_offset and last >= m.end_offset
+    if whole and m.log_size <= max_slice_bytes:
+        return [SegmentSlice(rng.topic, rng.partition, copy.log_key, 0, m.log_size, first, last, mine,
+                             m.log_size, m.log_crc32c)]  # fmt: skip
+    offsets, positions = _offset_index(store, copy)
+    i = bisect.bisect_right(offsets, first) - 1
+    start = positions[i] if i >= 0 else 0
+    j = bisect.bisect_left(offsets, last)
+    end = positions[j + 1] if j + 1 < len(positions) else m.log_size
+    bounds = [start]
+    for p in positions:
+        if bounds[-1] + max_slice_bytes <= p < end:
+            bounds.append(p)
+    bounds.append(end)
+    return [
+        SegmentSlice(rng.topic, rng.partition, copy.log_key, a, b, first, last, mine)
+        for a, b in itertools.pairwise(bounds)
+    ]

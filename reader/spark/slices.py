@@ -1,0 +1,121 @@
+"""One input partition of the data source: a byte range of one remote ``.log``, read in windows.
+
+A slice is planned on the driver (``planning.py``) and read on an executor, which fetches its bytes
+itself with ranged GETs of at most ``window_bytes`` (plus one batch that crosses a window's end), so
+memory stays bounded whatever the segment size. Every batch's CRC-32C is checked; a slice that
+covers its whole object also checks the object's size and CRC-32C against the manifest. Control
+batches and the batches of aborted transactions are dropped (committed data only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from reader.spark.columns import ColumnBuilder, records_section
+from tiering_core.errors import FormatError
+from tiering_core.formats.batch import HEADER_SIZE, LOG_OVERHEAD, check_header
+from tiering_core.formats.compression import decompress
+from tiering_core.stores.base import RemoteStore
+
+
+class SegmentReadError(FormatError):
+    """A remote segment object is corrupt or not what its manifest says. The export fails; nothing is written."""
+
+
+@dataclass(frozen=True)
+class SegmentSlice(InputPartition):
+    """Bytes ``[start, end)`` of the object ``key``; rows with offsets in ``[first_offset, last_offset]``.
+
+    ``aborted`` holds (producer id, first offset, last offset) of every aborted transaction whose
+    range meets the slice. ``object_size``/``object_crc32c`` are set when the slice is the whole object.
+    """
+
+    topic: str
+    partition: int
+    key: str
+    start: int
+    end: int
+    first_offset: int
+    last_offset: int
+    aborted: tuple[tuple[int, int, int], ...] = ()
+    object_size: int | None = None
+    object_crc32c: int | None = None
+
+
+def _is_aborted(aborted: tuple[tuple[int, int, int], ...], producer_id: int, offset: int) -> bool:
+    return any(pid == producer_id and first <= offset <= last for pid, first, last in aborted)
+
+
+def read_slice(
+    store: RemoteStore, part: SegmentSlice, *, window_bytes: int = 16 << 20, max_rows: int = 65536
+) -> Iterator[pa.RecordBatch]:
+    """Yield the slice's committed records as RecordBatches of at most about ``max_rows`` rows.
+
+    Raises ObjectNotFound (naming the key) if the object is gone, SegmentReadError if it is shorter
+    than planned, corrupt, or differs from its manifest.
+    """
+    builder = ColumnBuilder(part.topic, part.partition)
+    crc = 0
+    pos = part.start
+    buf = b""
+    buf_start = pos
+    while pos < part.end:
+        if pos - buf_start + HEADER_SIZE > len(buf):
+            buf, buf_start = _fetch(store, part, pos, max(window_bytes, HEADER_SIZE)), pos
+        local = pos - buf_start
+        header = check_header(part.key, buf, local, len(buf)) if len(buf) - local >= HEADER_SIZE else None
+        if header is None:
+            raise SegmentReadError(part.key, pos, "no record batch where one was expected")
+        size = header.length + LOG_OVERHEAD
+        if local + size > len(buf):  # the batch crosses the window's end: fetch it whole
+            buf, buf_start, local = _fetch(store, part, pos, max(window_bytes, size)), pos, 0
+            header = check_header(part.key, buf, 0, len(buf))
+            if header is None or size > len(buf):
+                raise SegmentReadError(part.key, pos, f"batch of {size} bytes cut short by the end of the object")
+        body = memoryview(buf)[local + 21 : local + size]
+        actual = crc32c.crc32c(body)
+        if actual != header.crc:
+            raise SegmentReadError(part.key, pos, f"CRC-32C mismatch: stored {header.crc}, computed {actual}")
+        if part.object_size is not None:
+            crc = crc32c.crc32c(memoryview(buf)[local : local + size], crc)
+        last = header.base_offset + header.last_offset_delta
+        wanted = (
+            last >= part.first_offset
+            and header.base_offset <= part.last_offset
+            and not header.attributes & 0x20  # control batch: transaction markers
+            and not (header.attributes & 0x10 and _is_aborted(part.aborted, header.producer_id, header.base_offset))
+        )
+        if wanted:
+            section = records_section(buf, header, local)
+            codec = header.attributes & 7
+            try:
+                builder.add_batch(header, decompress(codec, bytes(section), part.key, pos) if codec else section)
+            except (IndexError, ValueError, UnicodeDecodeError) as exc:
+                raise SegmentReadError(part.key, pos, f"malformed records: {exc}") from exc
+        pos += size
+        if builder.rows >= max_rows or builder.data_bytes >= window_bytes:
+            batch = builder.flush(part.first_offset, part.last_offset)
+            if batch is not None and batch.num_rows:
+                yield batch
+    if pos != part.end:
+        raise SegmentReadError(part.key, pos, f"the last batch ends past the planned end {part.end}")
+    if part.object_size is not None and crc != part.object_crc32c:
+        raise SegmentReadError(part.key, 0, f"object CRC-32C {crc} differs from the manifest's {part.object_crc32c}")
+    batch = builder.flush(part.first_offset, part.last_offset)
+    if batch is not None and batch.num_rows:
+        yield batch
+
+
+def _fetch(store: RemoteStore, part: SegmentSlice, pos: int, length: int) -> bytes:
+    end = min(part.end, pos + length)
+    data = store.get_range(part.key, pos, end - 1)
+    if len(data) != end - pos:
+        raise SegmentReadError(
+            part.key, pos, f"object ends early: asked for bytes {pos}-{end - 1}, got {len(data)} bytes"
+        )
+    return data
