@@ -97,12 +97,12 @@ def status(stack_dir: Path, as_json: bool) -> None:
 
 @dev.command()
 def fetch() -> None:
-    """Download Kafka's jars from Maven Central and build MinIO, once, into the cache; start nothing."""
+    """Download the jars (Kafka, Delta, Spark's Kafka source) and build MinIO, once, into the cache; start nothing."""
     try:
         stack.fetch()
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo("Kafka jars and MinIO are in the cache")
+    click.echo("Kafka, Delta and Spark Kafka source jars and MinIO are in the cache")
 
 
 @dev.command(name="images")

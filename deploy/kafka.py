@@ -16,6 +16,7 @@ from pathlib import Path
 
 from deploy.cache import cache_dir
 from deploy.errors import StackError
+from deploy.maven import fetch_pom
 from deploy.procs import spawn
 
 KAFKA_VERSION = "4.3.1"
@@ -39,28 +40,7 @@ def fetch_jars() -> Path:
 
     Idempotent: a complete earlier fetch (marked by ``.complete``) is reused.
     """
-    target = jars_dir()
-    if (target / ".complete").exists():
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise StackError("mvn not found on PATH: install Maven (apt-get install maven) to fetch Kafka's jars")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    cmd = [
-        mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-        f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise StackError(
-            f"fetching Kafka {KAFKA_VERSION} jars from Maven Central failed (mvn exit {result.returncode}):\n"
-            + (result.stdout + result.stderr)[-3000:]
-        )
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    (target / ".complete").write_text(KAFKA_VERSION)
-    return target
+    return fetch_pom(POM, jars_dir(), f"Kafka {KAFKA_VERSION} jars")
 
 
 def classpath() -> str:

@@ -25,12 +25,12 @@ for tool in java mvn go python3; do
 done
 export PATH="$PATH:/usr/local/go/bin"
 
-echo "setup: installing the Python package and test extras"
+echo "setup: installing the Python package and test extras (with PySpark and pyarrow for the export)"
 # A failed install fails the setup (and CI): pip's exit status is the step's, only its root warning is hidden.
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
 # pyenv's pip hook does not rehash for `python3 -m pip`: make the new `tiering` script visible.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 
-echo "setup: fetching Kafka jars and building MinIO (first time only; minutes)"
+echo "setup: fetching Kafka, Delta and Spark Kafka source jars and building MinIO (first time only; minutes)"
 python3 -m tiering dev fetch

@@ -13,11 +13,12 @@ pause a broker) act on the backend that started the stack.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
-from deploy import container_stack, kafka, process_stack
+from deploy import container_stack, kafka, process_stack, spark_jars
 from deploy.clients import s3_client
 from deploy.endpoints import (
     BACKENDS,
@@ -63,8 +64,11 @@ def _backend(name: str) -> ModuleType:
 
 
 def fetch() -> None:
-    """Download and build what the processes backend runs (Kafka jars, MinIO), starting nothing."""
+    """Download and build what the processes backend runs (Kafka jars, MinIO) and the jars the Spark
+    export adds to PySpark's (Delta, Spark's Kafka source), starting nothing."""
     process_stack.fetch()
+    if importlib.util.find_spec("pyspark") is not None:  # installed with the [spark] extra
+        spark_jars.fetch_jars()
 
 
 def start(stack_dir: Path, brokers: int = 1, backend: Backend | None = None) -> Endpoints:

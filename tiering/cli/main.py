@@ -22,6 +22,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "cluster": ("tiering.cli.topic", "cluster", "Cluster-wide pause, resume, rollback and status."),
     "reader": ("tiering.cli.reader", "reader", "Serve records of tiered topics over HTTP from remote storage."),
     "consume": ("tiering.cli.consume", "consume", "Print a topic's records, remote ones included (console consumer)."),
+    "export": ("tiering.cli.export", "export", "Export a topic's tiered segments to Parquet or Delta with Spark."),
 }
 
 

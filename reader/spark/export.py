@@ -1,0 +1,217 @@
+"""The export job: a topic's tiered data to Parquet or Delta, exactly once per offset range.
+
+Everything that can be wrong with the request (options, an unknown topic, an offset retention has
+deleted) is checked on the driver before Spark starts any work: the plan is made here and handed to
+the data source as explicit offsets, so the job reads exactly the planned ranges.
+
+Output is partitioned by topic partition and UTC date. Incremental runs start after what the output
+already holds:
+- Delta: the ranges of the last run are in its commit (``userMetadata``); the write is idempotent
+  (``txnAppId`` derived from the topic and the run's offset ranges), so a repeated run of the same
+  ranges, even concurrent, commits nothing. A failed job leaves no commit.
+- Parquet: a commit marker written last (``parquet_commit``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from reader.spark.listing import list_remote_partitions
+from reader.spark.options import parse_options, store_options
+from reader.spark.parquet_commit import ParquetOutput, new_run_id
+from reader.spark.planning import PartitionRange
+from reader.spark.source import NAME, plan, shared_store
+from tiering_core.errors import ConfigError
+from tiering_core.logs import get_logger
+from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig
+
+log = get_logger(__name__)
+KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
+APP_PREFIX = "kafka_tiered"
+EVERY_PARTITION = -1
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    topic: str
+    format: Literal["parquet", "delta"]
+    path: str
+    store: S3StoreConfig | FileSystemStoreConfig
+    starting: dict[int, int] = field(default_factory=dict)  # partition -> first offset (inclusive); -1: all
+    ending: dict[int, int] = field(default_factory=dict)  # partition -> end offset (exclusive); -1: all
+    starting_timestamp: int | None = None
+    ending_timestamp: int | None = None
+    incremental: bool = False
+    value_format: Literal["binary", "json"] = "binary"
+    json_schema: str | None = None  # DDL; inferred from a sample when None
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    ranges: list[PartitionRange]
+    rows: int
+    committed: bool  # False: nothing new to export (or the same ranges were already committed)
+    run_id: str | None = None
+
+
+def planned_ranges(request: ExportRequest, previous: dict[int, int]) -> list[PartitionRange]:
+    """The ranges this run exports (``previous``: last offset already exported per partition)."""
+    store = shared_store(parse_options({"subscribe": request.topic, **store_options(request.store)}))
+    starting, ending = dict(request.starting), dict(request.ending)
+    if EVERY_PARTITION in starting or EVERY_PARTITION in ending:
+        numbers = [rp.partition for rp in list_remote_partitions(store, request.store.prefix, [request.topic])]
+        starting, ending = _expand(starting, numbers), _expand(ending, numbers)
+    for partition, last in previous.items():
+        starting[partition] = max(starting.get(partition, -2), last + 1)
+    options = {
+        "subscribe": request.topic,
+        **store_options(request.store),
+        **_offsets_option("startingOffsets", request.topic, starting),
+        **_offsets_option("endingOffsets", request.topic, ending),
+    }
+    if request.starting_timestamp is not None:
+        options["startingTimestamp"] = str(request.starting_timestamp)
+    if request.ending_timestamp is not None:
+        options["endingTimestamp"] = str(request.ending_timestamp)
+    _, ranges = plan(parse_options(options), store)
+    return ranges
+
+
+def _expand(offsets: dict[int, int], partitions: list[int]) -> dict[int, int]:
+    if EVERY_PARTITION not in offsets:
+        return offsets
+    return {p: offsets.get(p, offsets[EVERY_PARTITION]) for p in partitions}
+
+
+def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
+    """Run one export. Raises before any Spark work for bad input; a failed job commits nothing."""
+    if request.format not in ("parquet", "delta"):
+        raise ConfigError(f"unknown export format {request.format!r}: parquet or delta")
+    parquet = ParquetOutput(request.path, request.topic) if request.format == "parquet" else None
+    if parquet is not None:
+        removed = parquet.remove_uncommitted()
+        if removed:
+            log.warning("removed files of an export run that never committed", path=request.path, files=len(removed))
+    previous: dict[int, int] = {}
+    if request.incremental:
+        previous = parquet.committed_ends() if parquet is not None else _delta_committed_ends(spark, request)
+    ranges = planned_ranges(request, previous)
+    wanted = [r for r in ranges if r.last >= r.first]
+    if not wanted:
+        return ExportResult(ranges, 0, False)
+    df = _frame(spark, request, wanted)
+    if request.value_format == "json":
+        df = flatten_json(spark, df, request.json_schema)
+    ranges_json = {str(r.partition): [r.first, r.last] for r in wanted}
+    topic_id = wanted[0].topic_id
+    if parquet is not None:
+        run_id = new_run_id()
+        try:
+            df.write.mode("error").partitionBy("partition", "date").parquet(_spark_path(parquet.staging(run_id)))
+            marker = parquet.commit(run_id, topic_id, {r.partition: (r.first, r.last) for r in wanted})
+        except BaseException:
+            parquet.remove_uncommitted()
+            raise
+        return ExportResult(ranges, marker.rows, True, run_id)
+    return _write_delta(spark, df, request, topic_id, ranges, ranges_json)
+
+
+def _frame(spark: SparkSession, request: ExportRequest, wanted: list[PartitionRange]) -> DataFrame:
+    options = {
+        "assign": json.dumps({request.topic: [r.partition for r in wanted]}),
+        "topicIds": json.dumps({request.topic: wanted[0].topic_id}),
+        **store_options(request.store),
+        **_offsets_option("startingOffsets", request.topic, {r.partition: r.first for r in wanted}),
+        **_offsets_option("endingOffsets", request.topic, {r.partition: r.last + 1 for r in wanted}),
+    }
+    df = spark.read.format(NAME).options(**options).load()
+    return df.withColumn("date", utc_date(F.col("timestamp")))
+
+
+def utc_date(ts: Column) -> Column:
+    """The UTC calendar date of a timestamp, whatever the session's time zone."""
+    return F.date_from_unix_date(F.floor(F.unix_micros(ts) / F.lit(86_400_000_000)).cast("int"))
+
+
+def flatten_json(spark: SparkSession, df: DataFrame, schema_ddl: str | None) -> DataFrame:
+    """Add the JSON value's fields as columns; a value that is not JSON goes whole into ``_corrupt``.
+
+    The raw ``value`` stays, so nothing is lost. Fields named like a Kafka column get a ``value_`` prefix.
+    """
+    text = F.col("value").cast("string")
+    if schema_ddl is not None:
+        schema = StructType.fromDDL(schema_ddl)
+    else:
+        sample = [r[0] for r in df.select(text).where(text.isNotNull()).limit(1000).collect()]
+        schema = spark.read.json(spark.sparkContext.parallelize(sample)).schema if sample else StructType()
+    fields = [f for f in schema.fields if f.name != "_corrupt_record"]
+    parse_schema = StructType([*fields, StructField("_corrupt", StringType())])
+    parsed = F.from_json(text, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
+    taken = set(df.columns)
+    columns = [parsed[f.name].alias(f"value_{f.name}" if f.name in taken else f.name) for f in parse_schema.fields]
+    return df.select(*df.columns, *columns)
+
+
+def _write_delta(spark: SparkSession, df: DataFrame, request: ExportRequest, topic_id: str,
+                 ranges: list[PartitionRange], ranges_json: dict[str, list[int]]) -> ExportResult:  # fmt: skip
+    key = json.dumps({"topic": request.topic, "topic_id": topic_id, "ranges": ranges_json}, sort_keys=True)
+    app_id = f"{APP_PREFIX}/{request.topic}/{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+    metadata = json.dumps({"kafka_tiered": {"topic": request.topic, "topic_id": topic_id, "ranges": ranges_json}})
+    before = _delta_version(spark, request.path)
+    (
+        df.write.format("delta").mode("append").partitionBy("partition", "date")
+        .option("txnAppId", app_id).option("txnVersion", "0").option("userMetadata", metadata)
+        .save(request.path)
+    )  # fmt: skip
+    after = _delta_version(spark, request.path)
+    if after == before:
+        return ExportResult(ranges, 0, False)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{request.path}` LIMIT 1").collect()[0]
+    rows = int((history["operationMetrics"] or {}).get("numOutputRows", 0))
+    return ExportResult(ranges, rows, True, app_id)
+
+
+def _delta_version(spark: SparkSession, path: str) -> int | None:
+    """The table's latest version, None if there is no Delta table at ``path`` yet."""
+    if not spark._jvm.io.delta.tables.DeltaTable.isDeltaTable(spark._jsparkSession, path):
+        return None
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["version"]
+
+
+def _delta_committed_ends(spark: SparkSession, request: ExportRequest) -> dict[int, int]:
+    """Last exported offset per partition: from the runs' commit metadata, else (history cleaned up) from
+    the data itself, which can lead to re-reading trailing aborted records or markers, dropped again."""
+    if _delta_version(spark, request.path) is None:
+        return {}
+    ends: dict[int, int] = {}
+    for row in spark.sql(f"DESCRIBE HISTORY delta.`{request.path}`").select("userMetadata").collect():
+        try:
+            meta = json.loads(row[0])["kafka_tiered"] if row[0] else None
+        except (ValueError, KeyError, TypeError):
+            meta = None
+        if meta and meta.get("topic") == request.topic:
+            for partition, (_, last) in meta["ranges"].items():
+                ends[int(partition)] = max(ends.get(int(partition), -1), int(last))
+    if ends:
+        return ends
+    table = spark.read.format("delta").load(request.path).where(F.col("topic") == request.topic)
+    for row in table.groupBy("partition").agg(F.max("offset").alias("last")).collect():
+        ends[row["partition"]] = max(ends.get(row["partition"], -1), row["last"])
+    return ends
+
+
+def _offsets_option(name: str, topic: str, offsets: dict[int, int]) -> dict[str, str]:
+    if not offsets:
+        return {}
+    return {name: json.dumps({topic: {str(p): o for p, o in offsets.items()}})}
+
+
+def _spark_path(path: str) -> str:
+    return path if "://" in path else f"file://{path}"
