@@ -65,18 +65,18 @@ def read_slice(
     buf = b""
     buf_start = pos
     while pos < part.end:
-        if pos - buf_start + HEADER_SIZE > len(buf):
-            buf, buf_start = _fetch(store, part, pos, max(window_bytes, HEADER_SIZE)), pos
         local = pos - buf_start
-        header = check_header(part.key, buf, local, len(buf)) if len(buf) - local >= HEADER_SIZE else None
-        if header is None:
-            raise SegmentReadError(part.key, pos, "no record batch where one was expected")
-        size = header.length + LOG_OVERHEAD
+        if len(buf) - local < HEADER_SIZE:
+            buf, buf_start, local = _fetch(store, part, pos, window_bytes), pos, 0
+        size = int.from_bytes(buf[local + 8 : local + 12], "big", signed=True) + LOG_OVERHEAD
         if local + size > len(buf):  # the batch crosses the window's end: fetch it whole
             buf, buf_start, local = _fetch(store, part, pos, max(window_bytes, size)), pos, 0
-            header = check_header(part.key, buf, 0, len(buf))
-            if header is None or size > len(buf):
-                raise SegmentReadError(part.key, pos, f"batch of {size} bytes cut short by the end of the object")
+        try:
+            header = check_header(part.key, buf, local, len(buf))
+        except FormatError as exc:
+            raise SegmentReadError(part.key, pos, exc.reason) from exc
+        if header is None:
+            raise SegmentReadError(part.key, pos, "no record batch where one was expected")
         body = memoryview(buf)[local + 21 : local + size]
         actual = crc32c.crc32c(body)
         if actual != header.crc:
@@ -112,7 +112,7 @@ def read_slice(
 
 
 def _fetch(store: RemoteStore, part: SegmentSlice, pos: int, length: int) -> bytes:
-    end = min(part.end, pos + length)
+    end = min(part.end, pos + max(length, HEADER_SIZE))
     data = store.get_range(part.key, pos, end - 1)
     if len(data) != end - pos:
         raise SegmentReadError(

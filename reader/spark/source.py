@@ -78,6 +78,7 @@ class KafkaTieredDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
+        parse_options(self.options)  # bad options fail at load(), before any planning or job
         return SPARK_SCHEMA
 
     def reader(self, schema: object) -> DataSourceReader:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +41,12 @@ def parse_position(text: str | None, what: str) -> tuple[dict[int, int], int | N
         raise click.BadParameter(
             f"{text!r} is not an offset, partition:offset list, ISO time or @milliseconds", param_hint=what
         ) from exc
+
+
+def job_failure(exc: BaseException) -> str | None:
+    """The reader's own error inside a failed Spark job (the executor's Python exception), if any."""
+    found = re.findall(r"(?:reader|tiering_core)\.[\w.]+\.(\w+): (.+)", str(exc))
+    return f"{found[-1][0]}: {found[-1][1]}" if found else None
 
 
 def _progress_until(spark: object, done: threading.Event) -> None:
@@ -118,6 +125,11 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         result = run_export(spark, request)
     except (TieringError, RemoteStoreError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except Exception as exc:
+        cause = job_failure(exc)
+        if cause is None:
+            raise
+        raise click.ClickException(f"the export job failed, nothing was committed: {cause}") from exc
     finally:
         done.set()
         bar.join()

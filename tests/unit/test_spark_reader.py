@@ -1,0 +1,169 @@
+"""The Spark data source's pure parts: Arrow decoding of slices, copy choice, options, the Parquet commit."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import crc32c
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reader.spark.listing import choose_copies, split_topic_dir
+from reader.spark.options import parse_options, store_options
+from reader.spark.parquet_commit import ParquetOutput
+from reader.spark.slices import SegmentReadError, SegmentSlice, read_slice
+from tests.kafka_encoder import encode_batch, sample_records
+from tiering_core.errors import ConfigError
+from tiering_core.formats import iter_batches
+from tiering_core.objects import Manifest
+from tiering_core.stores.base import ObjectNotFound
+from tiering_core.stores.config import S3StoreConfig
+from tiering_core.stores.filesystem import FileSystemStore
+
+KEY = "p/t-AAAAAAAAAAAAAAAAAAAAAA/0/00000000000000000000-0.log"
+MARKER_VALUE = b"\x00\x00\x00\x00\x00\x07"  # version 0, coordinator epoch 7
+
+
+def _segment() -> tuple[bytes, set[int]]:
+    """Batches of every codec, an aborted transaction (producer 77) with its marker, a committed one
+    (producer 88); returns the bytes and the offsets of the aborted records and markers."""
+    data = b""
+    offset = 0
+    dropped: set[int] = set()
+    for codec in range(5):
+        records = sample_records(150, seed=codec)
+        data += encode_batch(offset, records, codec=codec)
+        offset += len(records)
+    for pid, aborted in ((77, True), (88, False)):
+        records = sample_records(10, seed=pid)
+        data += encode_batch(offset, records, attributes_extra=0x10, producer_id=pid)
+        if aborted:
+            dropped.update(range(offset, offset + 10))
+        offset += 10
+        marker_key = b"\x00\x00\x00\x00" if aborted else b"\x00\x00\x00\x01"  # version 0, ABORT or COMMIT
+        data += encode_batch(offset, [(marker_key, MARKER_VALUE, [])], attributes_extra=0x30, producer_id=pid)
+        dropped.add(offset)
+        offset += 1
+    data += encode_batch(offset, sample_records(40, seed=9), codec=4)
+    return data, dropped
+
+
+def _expected(data: bytes, dropped: set[int]) -> dict[int, tuple]:
+    return {
+        r.offset: (r.key, r.value, list(r.headers), r.timestamp)
+        for b in iter_batches("x", data)
+        for r in b.records
+        if r.offset not in dropped
+    }
+
+
+def _rows(batches: list[pa.RecordBatch]) -> dict[int, tuple]:
+    out = {}
+    for batch in batches:
+        for row in batch.to_pylist():
+            headers = [(h["key"], h["value"]) for h in row["headers"]]
+            out[row["offset"]] = (row["key"], row["value"], headers, int(row["timestamp"].timestamp() * 1000))
+            assert (row["topic"], row["partition"], row["timestampType"]) == ("t", 3, 0)
+    return out
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileSystemStore:
+    return FileSystemStore(tmp_path / "remote")
+
+
+@pytest.mark.parametrize("window", [64, 1000, 16 << 20])
+def test_slice_decodes_every_codec_and_drops_aborted_and_markers(store: FileSystemStore, window: int) -> None:
+    data, dropped = _segment()
+    store.put_bytes(KEY, data)
+    last = max(r.offset for b in iter_batches("x", data) for r in b.records)
+    part = SegmentSlice("t", 3, KEY, 0, len(data), 0, last, ((77, 750, 760),), len(data), crc32c.crc32c(data))
+    batches = list(read_slice(store, part, window_bytes=window, max_rows=100))
+    assert _rows(batches) == _expected(data, dropped)
+    assert all(b.num_rows <= 150 + 100 for b in batches)
+
+
+def test_slice_keeps_only_its_offset_range(store: FileSystemStore) -> None:
+    data, dropped = _segment()
+    store.put_bytes(KEY, data)
+    part = SegmentSlice("t", 3, KEY, 0, len(data), 140, 460, ((77, 750, 760),))
+    rows = _rows(list(read_slice(store, part)))
+    assert sorted(rows) == list(range(140, 461))
+    assert rows == {o: v for o, v in _expected(data, dropped).items() if 140 <= o <= 460}
+
+
+def test_corrupt_truncated_or_missing_object_is_an_error_naming_the_key(store: FileSystemStore) -> None:
+    data, _ = _segment()
+    corrupt = bytearray(data)
+    corrupt[len(data) // 2] ^= 0xFF
+    store.put_bytes(KEY, bytes(corrupt))
+    part = SegmentSlice("t", 3, KEY, 0, len(data), 0, 10_000, (), len(data), crc32c.crc32c(data))
+    with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*(CRC-32C mismatch|malformed)"):
+        list(read_slice(store, part))
+    store.put_bytes(KEY, data[:-100])
+    with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*(ends early|cut short)"):
+        list(read_slice(store, part))
+    store.delete([KEY])
+    with pytest.raises(ObjectNotFound, match=KEY):
+        list(read_slice(store, part))
+
+
+def _manifest(base: int, end: int, epoch: int, created: int = 0) -> Manifest:
+    return Manifest(topic="t", topic_id="A" * 22, partition=0, segment_id=uuid.uuid4(), base_offset=base,
+                    end_offset=end, max_timestamp=0, leader_epochs=[(epoch, base)], log_size=1, log_crc32c=0,
+                    indexes_size=0, indexes_crc32c=0, index_parts={}, created_ms=created)  # fmt: skip
+
+
+def test_overlapping_copies_are_chosen_once_preferring_the_higher_epoch() -> None:
+    old = [_manifest(0, 99, 1), _manifest(100, 199, 1), _manifest(300, 399, 2)]
+    newer = _manifest(150, 249, 2)  # a new leader's copy overlapping the old one
+    copies = choose_copies([*old, newer], "p")
+    spans = [(c.first, c.last, c.epoch) for c in copies]
+    assert spans == [(0, 99, 1), (100, 199, 1), (200, 249, 2), (300, 399, 2)]  # the hole 250-299 stays a hole
+    retried = [_manifest(0, 99, 1, created=1), _manifest(0, 99, 1, created=2)]
+    assert [c.manifest for c in choose_copies(retried, "p")] == [retried[1]]
+
+
+def test_topic_directories_split_on_the_topic_id() -> None:
+    assert split_topic_dir("orders-eu-" + "B" * 22) == ("orders-eu", "B" * 22)
+    assert split_topic_dir("orders") is None
+
+
+def test_options_are_checked_with_clear_errors() -> None:
+    store = store_options(S3StoreConfig(bucket="b", prefix="p"))
+    parsed = parse_options({"subscribe": "a,b", "startingOffsets": '{"a": {"0": 5}}', **store})
+    assert parsed.topics == ["a", "b"] and parsed.starting == {"a": {0: 5}} and parsed.store.prefix == "p"
+    flat = parse_options(
+        {"subscribe": "a", "store.bucket": "b", "store.endpointUrl": "http://x", "store.pathStyle": "true"}
+    )
+    assert (flat.store.endpoint_url, flat.store.path_style) == ("http://x", True)
+    for bad, message in [
+        ({"subscribe": "a", "bogus": "1", **store}, "unknown option"),
+        ({**store}, "exactly one of"),
+        ({"subscribe": "a", "assign": "{}", **store}, "exactly one of"),
+        ({"subscribe": "a", "startingOffsets": "{nope", **store}, "not valid JSON"),
+        ({"subscribe": "a", "startingOffsets": "latest", **store}, "not supported"),
+        ({"subscribe": "a", "maxSliceBytes": "-1", **store}, "must be positive"),
+        ({"subscribe": "a"}, "store.bucket"),
+        ({"subscribe": "a", "store.buckett": "b"}, "unknown store option"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_options(bad)
+
+
+def test_parquet_commit_marker_last_and_uncommitted_files_removed(tmp_path: Path) -> None:
+    out = ParquetOutput(str(tmp_path / "out"), "t")
+    staged = Path(out.staging("run1")) / "partition=0" / "date=2026-01-01"
+    staged.mkdir(parents=True)
+    pq.write_table(pa.table({"offset": [1, 2, 3]}), staged / "part-00000-x.c000.snappy.parquet")
+    assert out.committed_ends() == {}
+    marker = out.commit("run1", "A" * 22, {0: (1, 3)})
+    assert marker.rows == 3 and marker.files == ["partition=0/date=2026-01-01/run1-part-00000-x.c000.snappy.parquet"]
+    assert out.committed_ends() == {0: 3}
+    # a run that died after moving a file but before its marker: its file goes, committed ones stay
+    orphan = tmp_path / "out" / "partition=0" / "date=2026-01-01" / "run2-part-00000-y.c000.snappy.parquet"
+    pq.write_table(pa.table({"offset": [4]}), orphan)
+    assert out.remove_uncommitted() == ["partition=0/date=2026-01-01/run2-part-00000-y.c000.snappy.parquet"]
+    assert not orphan.exists() and (tmp_path / "out" / marker.files[0]).exists()
