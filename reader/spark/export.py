@@ -143,14 +143,21 @@ def utc_date(ts: Column) -> Column:
 def flatten_json(spark: SparkSession, df: DataFrame, schema_ddl: str | None) -> DataFrame:
     """Add the JSON value's fields as columns; a value that is not JSON goes whole into ``_corrupt``.
 
+    Without a schema, it is inferred from up to 1000 values that look like JSON objects.
+
     The raw ``value`` stays, so nothing is lost. Fields named like a Kafka column get a ``value_`` prefix.
     """
     text = F.col("value").cast("string")
     if schema_ddl is not None:
         schema = StructType.fromDDL(schema_ddl)
     else:
-        sample = [r[0] for r in df.select(text).where(text.isNotNull()).limit(1000).collect()]
-        schema = spark.read.json(spark.sparkContext.parallelize(sample)).schema if sample else StructType()
+        objects = df.select(text.alias("v")).where(F.ltrim(F.col("v")).startswith("{"))
+        sample = [r[0] for r in objects.limit(1000).collect()]
+        schema = (
+            spark.read.option("mode", "DROPMALFORMED").json(spark.sparkContext.parallelize(sample)).schema
+            if sample
+            else StructType()
+        )
     fields = [f for f in schema.fields if f.name != "_corrupt_record"]
     parse_schema = StructType([*fields, StructField("_corrupt", StringType())])
     parsed = F.from_json(text, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})

@@ -64,7 +64,7 @@ def digest(offset: int, key: bytes | None, value: bytes | None, headers: list) -
 
 def produce_json_filler(bootstrap: str, topic: str, count: int, seed: int, produced: Produced) -> None:
     """JSON values (the non-JSON ones come from produce_mixed); enough to roll the segments before them."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 65536})
     for i in range(count):
         record = (f"j-{seed + i}".encode(), json.dumps({"n": seed + i, "name": f"item-{i % 50}"}).encode(), [])
 
@@ -270,13 +270,16 @@ def test_unknown_topic_and_bad_options_fail_before_any_spark_work(
 
     tracker = spark.sparkContext.statusTracker()
     jobs_before = set(tracker.getJobIdsForGroup(None))
-    reader = spark.read.format("kafka_tiered").option("store.bucket", "tiering")
+
+    def reader():  # DataFrameReader.option changes the reader in place: a new one each time
+        return spark.read.format("kafka_tiered").options(**store_options(tiered.settings.remote_storage))
+
     with pytest.raises(Exception, match="unknown option"):
-        reader.option("subscribe", tiered.topic).option("startingOffset", "0").load().count()
+        reader().option("subscribe", tiered.topic).option("startingOffset", "0").load().count()
     with pytest.raises(Exception, match="not valid JSON"):
-        reader.option("subscribe", tiered.topic).option("endingOffsets", "{oops").load().count()
+        reader().option("subscribe", tiered.topic).option("endingOffsets", "{oops").load().count()
     with pytest.raises(Exception, match="has no remote copy"):
-        reader.options(**store_options(tiered.settings.remote_storage)).option("subscribe", "nope").load().count()
+        reader().option("subscribe", "nope").load().count()
     assert set(tracker.getJobIdsForGroup(None)) == jobs_before
 
 
