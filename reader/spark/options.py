@@ -79,9 +79,8 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
             values[name] = _offsets(opts, key)
         elif opts.get(key) == ("latest" if name == "starting" else "earliest"):
             raise ConfigError(f"kafka_tiered: option {key}={opts[key]!r} is not supported for a batch read")
-    for name, key in (("topic_ids", "topicids"), ("store", "remotestorage")):
-        if key in opts:
-            values[name] = _json(opts, key)
+    if "topicids" in opts:
+        values["topic_ids"] = _json(opts, "topicids")
     for name, key in (("starting_timestamp", "startingtimestamp"), ("ending_timestamp", "endingtimestamp"),
                       ("max_slice_bytes", "maxslicebytes"), ("max_rows_per_batch", "maxrowsperbatch"),
                       ("window_bytes", "windowbytes"), ("fail_on_data_loss", "failondataloss")):  # fmt: skip
@@ -98,7 +97,7 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
 
 
 def _store(opts: dict[str, str]) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = dict(_json(opts, "remotestorage")) if "remotestorage" in opts else {}
     for key, value in opts.items():
         if not key.startswith("store."):
             continue
@@ -108,7 +107,7 @@ def _store(opts: dict[str, str]) -> dict[str, Any]:
             raise ConfigError(f"kafka_tiered: unknown store option {key!r}; known: {known}")
         fields[name] = value
     fields.setdefault("kind", "filesystem" if "root" in fields else "s3")
-    if "remotestorage" not in opts and fields["kind"] == "s3" and "bucket" not in fields:
+    if fields["kind"] == "s3" and "bucket" not in fields:
         raise ConfigError("kafka_tiered: the remote store is not configured: give store.bucket (or remoteStorage)")
     return fields
 
@@ -135,5 +134,9 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def store_options(config: S3StoreConfig | FileSystemStoreConfig) -> dict[str, str]:
-    """The options that pass ``config`` to the data source (the inverse of the store.* parsing)."""
-    return {"remoteStorage": config.model_dump_json(exclude_none=True)}
+    """The options that pass ``config`` to the data source. The secret key travels in its own option,
+    ``store.secretAccessKey``, whose name Spark's redaction (``spark.redaction.regex``) hides in plans and logs."""
+    options = {"remoteStorage": config.model_dump_json(exclude_none=True, exclude={"secret_access_key"})}
+    if isinstance(config, S3StoreConfig) and config.secret_access_key is not None:
+        options["store.secretAccessKey"] = config.secret_key() or ""
+    return options

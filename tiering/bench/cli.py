@@ -6,6 +6,7 @@ import click
 
 from tiering.bench.catchup import catchup
 from tiering.bench.decode import decode
+from tiering.bench.export import export
 from tiering.bench.metadata import metadata
 from tiering.bench.upload import upload
 
@@ -21,5 +22,6 @@ def bench() -> None:
 
 bench.add_command(catchup)
 bench.add_command(decode)
+bench.add_command(export)
 bench.add_command(metadata)
 bench.add_command(upload)

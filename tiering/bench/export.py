@@ -1,0 +1,155 @@
+"""``tiering bench export``: our ``kafka_tiered`` data source beside Spark's own Kafka source.
+
+One run, the same records: a topic is produced, its rolled segments are tiered by the sidecar (the
+broker keeps everything locally too, so Spark's Kafka source can read the same offsets from it),
+then one SparkSession (local[2]) writes Parquet twice with the same settings: once from
+``format("kafka_tiered")`` (segments from S3, no broker) and once from ``format("kafka")`` (the
+broker, through its consumer protocol), both over offsets ``[0, stable end]``. A small read of each
+warms the JVM and the Python workers first. Also reported: our decoder alone (segments from S3 to
+Arrow, one Python thread, no Spark), which bounds what the data source can do per core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import pyarrow.parquet as pq
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.bench_stack import bench_stack, stack_dir_option
+from deploy.sidecar_config import write_sidecar_config
+from deploy.spark_jars import spark_jars
+from deploy.stack import Endpoints
+from tiering.cli.topic import enable
+from tiering.config import load_settings
+from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.runner import Sidecar
+from tiering_core.produce import produce_waiting
+
+PARTITIONS = 2
+
+
+def _produce(endpoints: Endpoints, topic: str, megabytes: int, codec: str) -> int:
+    admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"segment.bytes": str(16 << 20)})])[topic].result(60)
+    producer = Producer({"bootstrap.servers": endpoints.bootstrap, "linger.ms": 20, "batch.size": 256 << 10,
+                         "compression.type": codec})  # fmt: skip
+    target = megabytes << 20
+    sent = count = 0
+    while sent < target:
+        value = json.dumps({"order": count, "customer": f"c-{count % 9973}", "amount": count % 10000 / 100,
+                            "note": "x" * (count % 160)}).encode()  # fmt: skip
+        headers = [("source", b"bench")] if count % 10 == 0 else None
+        produce_waiting(producer, topic, key=f"c-{count % 9973}".encode(), value=value, headers=headers)
+        sent += len(value) + 12
+        count += 1
+    if producer.flush(300) != 0:
+        raise click.ClickException("producing the benchmark records did not finish")
+    return count
+
+
+def _tier(click_ctx: click.Context, endpoints: Endpoints, topic: str) -> Path:
+    config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
+    click_ctx.invoke(enable, name=topic, local_retention_ms=-2, local_retention_bytes=-2, config_file=config)
+    ctx = SidecarContext.build(load_settings(config))
+    sidecar = Sidecar(ctx)
+    sidecar.start()
+    try:
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            sidecar.tick()
+            tasks = [sidecar.tasks.get((topic_id, p)) for p in range(PARTITIONS)]
+            if all(t is not None and t.status.copy_lag_segments == 0 for t in tasks):
+                return config
+            time.sleep(0.5)
+        raise click.ClickException("the sidecar did not copy the benchmark's segments within 15 minutes")
+    finally:
+        sidecar.stop()
+        sidecar.close()
+
+
+def _parquet_rows(path: Path) -> tuple[int, int]:
+    files = list(path.rglob("*.parquet"))
+    return sum(pq.read_metadata(f).num_rows for f in files), sum(f.stat().st_size for f in files)
+
+
+@click.command("export")
+@click.option("--size-mb", type=click.IntRange(16, 8192), default=256, show_default=True,
+              help="Megabytes of records to produce (and to export on each side).")  # fmt: skip
+@click.option("--codec", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
+              show_default=True, help="Producer compression.")  # fmt: skip
+@stack_dir_option
+@click.pass_context
+def export(click_ctx: click.Context, size_mb: int, codec: str, stack_dir: Path | None) -> None:
+    """Rows/s and MB/s exporting the same records to Parquet: kafka_tiered (S3) beside Spark's Kafka source.
+
+    The last line is a JSON object with `ratio` (our rows/s / Spark Kafka source rows/s); MB/s counts
+    the Kafka log bytes of the exported range on both sides. Targets: ratio >= 1.0, stretch 2.0.
+    """
+    from reader.spark.options import parse_options, store_options
+    from reader.spark.planning import plan_slices
+    from reader.spark.session import export_session
+    from reader.spark.slices import read_slice
+    from reader.spark.source import plan, shared_store
+
+    with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
+        topic = f"bench-export-{os.getpid()}-{int(time.time())}"
+        produced = _produce(endpoints, topic, size_mb, codec)
+        settings = load_settings(_tier(click_ctx, endpoints, topic))
+        options = {"subscribe": topic, **store_options(settings.remote_storage)}
+        opts = parse_options(options)
+        partitions, ranges = plan(opts, shared_store(opts))
+        ending = {topic: {str(r.partition): r.last + 1 for r in ranges}}
+        log_bytes = sum(c.manifest.log_size for rp in partitions for c in rp.copies)
+
+        started = time.perf_counter()
+        decoded = 0
+        for part in plan_slices(shared_store(opts), partitions, ranges, opts.max_slice_bytes):
+            decoded += sum(b.num_rows for b in read_slice(shared_store(opts), part))
+        decode_seconds = time.perf_counter() - started
+
+        spark = export_session("local[2]", spark_jars(), app_name="tiering bench export")
+        sides = {
+            "spark-kafka": lambda: spark.read.format("kafka").option("kafka.bootstrap.servers", endpoints.bootstrap)
+            .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
+            .option("endingOffsets", json.dumps(ending)),
+            "ours": lambda: spark.read.format("kafka_tiered").options(**options)
+            .option("endingOffsets", json.dumps(ending)),
+        }  # fmt: skip
+        for make in sides.values():  # warm-up: JVM, Python workers, connections
+            make().load().where("offset < 1000").write.mode("overwrite").parquet(f"{tmp}/warm")
+        results = {}
+        for side, make in sides.items():
+            out = Path(tmp) / side
+            started = time.perf_counter()
+            make().load().write.parquet(str(out))
+            seconds = time.perf_counter() - started
+            rows, parquet_bytes = _parquet_rows(out)
+            results[side] = {"side": side, "rows": rows, "seconds": round(seconds, 2),
+                             "rows_per_s": round(rows / seconds), "mb_s": round(log_bytes / 1e6 / seconds, 1),
+                             "parquet_bytes": parquet_bytes}  # fmt: skip
+            click.echo(json.dumps(results[side]))
+            shutil.rmtree(out)
+        spark.stop()
+        ours, theirs = results["ours"], results["spark-kafka"]
+        if ours["rows"] != theirs["rows"]:
+            raise click.ClickException(
+                f"the two sides exported different row counts: {ours['rows']} vs {theirs['rows']}"
+            )
+        click.echo(json.dumps({
+            "ratio": round(ours["rows_per_s"] / theirs["rows_per_s"], 3),
+            "ours_rows_per_s": ours["rows_per_s"], "ours_mb_s": ours["mb_s"],
+            "spark_kafka_rows_per_s": theirs["rows_per_s"], "spark_kafka_mb_s": theirs["mb_s"],
+            "decoder_only_rows_per_s": round(decoded / decode_seconds),
+            "decoder_only_mb_s": round(log_bytes / 1e6 / decode_seconds, 1),
+            "rows": ours["rows"], "produced": produced, "log_bytes": log_bytes, "codec": codec,
+            "partitions": PARTITIONS, "master": "local[2]",
+        }))  # fmt: skip
