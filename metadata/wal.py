@@ -27,6 +27,7 @@ from metadata.records import (
     topic_id_str,
 )
 from tiering_core.errors import TieringError
+from tiering_core.kafka_logs import admin_client, kafka_logging
 from tiering_core.logs import get_logger
 from tiering_core.produce import produce_waiting
 
@@ -55,7 +56,7 @@ class MetadataWal:
         self.topic = topic
         self.partitions = partitions
         self.timeout = timeout
-        self.client_config = dict(client_config or {})
+        self.client_config = {**kafka_logging(), **(client_config or {})}
         self.topic_id: str | None = None  # the WAL topic's Kafka id, known after ensure_topic()
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
@@ -66,7 +67,7 @@ class MetadataWal:
     # -- topic -------------------------------------------------------------------------------
     def _admin(self) -> AdminClient:
         if self._admin_client is None:
-            self._admin_client = AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config})
+            self._admin_client = admin_client({"bootstrap.servers": self.bootstrap, **self.client_config})
         return self._admin_client
 
     def ensure_topic(self, create: bool = True) -> int:
@@ -75,7 +76,10 @@ class MetadataWal:
         ``create=False`` (readers, which never write): a missing topic raises WalError instead.
         """
         admin = self._admin()
-        metadata = admin.list_topics(timeout=self.timeout)
+        try:
+            metadata = admin.list_topics(timeout=self.timeout)
+        except KafkaException as exc:
+            raise WalError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc.args[0].str()}") from exc
         existing = metadata.topics.get(self.topic)
         if existing is not None and existing.error is None:
             self.partitions = self._wait_ready()

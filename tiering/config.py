@@ -57,6 +57,9 @@ class SidecarSettings(BaseSettings):
         "in at least 3 answers in a row, that its topic id does not exist (time the sidecar did not watch does "
         "not count).",
     )  # fmt: skip
+    lag_refresh_seconds: float = Field(
+        default=10.0, gt=0, description="How often the copy-lag gauges are refreshed, also during a long tick."
+    )
     metrics_port: int | None = Field(default=9464, description="Prometheus /metrics and /status (None: off).")
     metrics_host: str = "127.0.0.1"
 

@@ -7,7 +7,7 @@ so dashboards built for Kafka's own tiered storage map one to one. Labels are ``
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 _TP = ("topic", "partition")
 
@@ -87,12 +87,24 @@ class SidecarMetrics:
             ("wal_partition",),
             registry=r,
         )
-        self.store_unavailable = Counter(
+        self.store_unavailable = Gauge(
             "tiering_remote_store_unavailable",
-            "Remote store requests that failed to reach the store.",
+            "1 while the remote store cannot be reached (the last request was refused, reset, timed out, or got "
+            "5xx/throttling past retries), 0 once it answers again.",
             registry=r,
         )
-
+        self.store_requests = Counter(
+            "tiering_remote_store_requests",
+            "Requests to the remote store by operation (put, get, head, list, delete).",
+            ("operation",),
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "tiering_remote_store_errors",
+            "Failed remote store requests by operation and error (unavailable, refused, not_found, other).",
+            ("operation", "error"),
+            registry=r,
+        )
         self.task_errors = Counter(
             "tiering_task_errors",
             "Failed sidecar operations (copy, local_retention, remote_retention, sweep, delete_partition, ...), each "
@@ -100,7 +112,3 @@ class SidecarMetrics:
             (*_TP, "operation"),
             registry=r,
         )
-
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Expose ``/metrics`` over HTTP on ``addr:port`` (a daemon thread)."""
-        start_http_server(port, addr=addr, registry=self.registry)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+from confluent_kafka.admin import ConfigResource, OffsetSpec
 
 from tiering_core.errors import TieringError
+from tiering_core.kafka_logs import admin_client
 
 
 class KafkaClusterError(TieringError):
@@ -90,7 +91,7 @@ class KafkaCluster:
         self.bootstrap = bootstrap
         self.timeout = timeout
         self._config = {"bootstrap.servers": bootstrap, **client_config}
-        self.admin = AdminClient(self._config)
+        self.admin = admin_client(self._config)
 
     def topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
         """Describe topics; a missing topic raises KafkaClusterError naming it.
@@ -106,7 +107,7 @@ class KafkaCluster:
         except KafkaClusterError as exc:
             if "Timed out" not in str(exc) and "no answer" not in str(exc):
                 raise
-            self.admin = AdminClient(self._config)
+            self.admin = admin_client(self._config)
             return self._describe(names)
 
     def _describe(self, names: list[str]) -> dict[str, TopicInfo]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -50,4 +51,16 @@ def load_settings_file(cls: type[S], config_file: Path | None, what: str, **over
         return cls.model_validate(_FromFile(**overrides).model_dump())
     except (ValueError, SettingsError) as exc:  # pydantic's ValidationError is a ValueError
         where = f" in {config_file}" if config_file else ""
-        raise ConfigError(f"invalid {what}{where}:\n{exc}") from exc
+        raise ConfigError(f"invalid {what}{where}:\n{_describe(exc)}") from None  # the cause holds the values
+
+
+def _describe(exc: Exception) -> str:
+    """Each invalid field and why, never its value: pydantic prints the input (a whole ``remote_storage``
+    section with its ``secret_access_key``) and the message must not carry secrets."""
+    if not isinstance(exc, ValidationError):
+        return f"  {exc}"
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        where = ".".join(str(part) for part in error["loc"]) or "(the configuration)"
+        lines.append(f"  {where}: {error['msg']}")
+    return "\n".join(lines)

@@ -90,4 +90,5 @@ def test_kill_9_during_uploads_loses_nothing_and_leaves_no_orphans(stack: Endpoi
         assert observer.store.get_bytes(ref.key(observer.prefix, "log")) == originals[seg.base_offset]
     prefix = f"{observer.prefix}/{topic}-{topic_id}/"
     assert set(observer.store.list_keys(prefix)) == expected_keys, "orphan objects remain"
-    assert isinstance(observer.store, S3Store) and observer.store.pending_multipart_uploads(prefix) == []
+    inner = observer.store.inner
+    assert isinstance(inner, S3Store) and inner.pending_multipart_uploads(prefix) == []

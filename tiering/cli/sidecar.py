@@ -6,11 +6,15 @@ from pathlib import Path
 
 import click
 
-from tiering.cli.common import config_option, settings_from
+from tiering.cli.common import config_option
+from tiering.config import load_settings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
 from tiering_core import logs
 from tiering_core.errors import TieringError
+from tiering_core.logs import get_logger
+
+log = get_logger(__name__)
 
 
 @click.group()
@@ -26,9 +30,14 @@ def run(config_file: Path | None, log_level: str) -> None:
 
     Configuration comes from --config (YAML/TOML) and TIERING_* environment variables. SIGTERM
     stops it gracefully: in-flight copies finish (or are swept later); nothing is lost either way.
+    Everything it writes to stderr is one JSON object per line, its last words included (exit code 1).
     """
     logs.configure(log_level)
     try:
-        Sidecar(SidecarContext.build(settings_from(config_file))).run_forever()
+        Sidecar(SidecarContext.build(load_settings(config_file))).run_forever()
     except TieringError as exc:
-        raise click.ClickException(str(exc)) from exc
+        log.error("sidecar stopped", error=str(exc))
+        raise SystemExit(1) from None
+    except Exception as exc:
+        log.error("sidecar crashed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        raise SystemExit(1) from None

@@ -13,10 +13,10 @@ from metadata.snapshot import SnapshotStore
 from tiering.config import SidecarSettings
 from tiering.copier import SegmentCopier
 from tiering.metrics import SidecarMetrics
+from tiering.observed_store import ObservedStore
 from tiering.sidecar.retry import Retrier
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.ratelimit import RateLimiter
-from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
 
 
@@ -26,7 +26,7 @@ class SidecarContext:
     broker_id: int
     cluster: KafkaCluster
     manager: MetadataManager
-    store: RemoteStore
+    store: ObservedStore
     copier: SegmentCopier
     metrics: SidecarMetrics
     retry: Retrier
@@ -45,8 +45,9 @@ class SidecarContext:
     def build(cls, settings: SidecarSettings, *, writes_snapshots: bool = True) -> SidecarContext:
         """Everything the sidecar needs; ``writes_snapshots=False`` for CLI commands, which only read them."""
         broker_id = settings.resolve_broker_id()
-        store = open_store(settings.remote_storage)
+        metrics = SidecarMetrics()
         prefix = settings.remote_storage.prefix
+        store = ObservedStore(open_store(settings.remote_storage), metrics, probe_key=f"{prefix}/.probe")
         snapshots: SnapshotStore = StoreSnapshots(store, prefix)
         manager = MetadataManager(
             MetadataWal(settings.bootstrap_servers, settings.metadata_topic, settings.metadata_partitions),
@@ -61,7 +62,6 @@ class SidecarContext:
         leases = None
         if settings.etcd_url:
             leases = EtcdLeases(settings.etcd_url, f"broker-{broker_id}", ttl=settings.etcd_lease_ttl_seconds)
-        metrics = SidecarMetrics()
         return cls(
             settings=settings,
             broker_id=broker_id,

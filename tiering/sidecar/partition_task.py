@@ -145,6 +145,7 @@ class PartitionTask:
             if decision is None or not self._copy(decision.segment, decision.end_offset, local, epoch, token):
                 return
             offsets = self._offsets(facts.offsets)
+            self._update_lag(local, offsets)  # after every segment: a tick can copy for minutes
 
     # -- facts ------------------------------------------------------------------------------
     def _local_segments(self, partition_dir: Path) -> Local:
@@ -163,6 +164,11 @@ class PartitionTask:
         if summary is None:
             return PartitionOffsets(local.lx, local.ly, local.lz)
         return PartitionOffsets(local.lx, local.ly, local.lz, summary.remote_start_offset, summary.remote_end_offset)
+
+    def refresh_lag(self, partition_dir: Path, local: LocalOffsets) -> None:
+        """Recompute the copy lag from the disk, Kafka's offsets and the metadata (the runner's monitor
+        calls it between and during ticks)."""
+        self._update_lag(self._local_segments(partition_dir), self._offsets(local))
 
     def _update_lag(self, local: Local, offsets: PartitionOffsets) -> None:
         lag_bytes = lag_segments = 0

@@ -11,15 +11,18 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from metadata import WalError
 from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.endpoint import StatusEndpoint
 from tiering.sidecar.janitor import DeletedTopicsJanitor
 from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
 from tiering.sidecar.retry import SIDECAR
-from tiering.sidecar.status import status_key, write_status
+from tiering.sidecar.status import status_document, status_key, write_status
 from tiering.watch import SegmentWatcher
 from tiering_core.errors import TieringError
 from tiering_core.formats import find_partition_dirs
@@ -43,13 +46,19 @@ class Sidecar:
         self.pool = ThreadPoolExecutor(max_workers=ctx.settings.upload_max_concurrency, thread_name_prefix="tier")
         self.ticks = 0
         self.last_error: str | None = None
+        self.led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}  # as of the last tick
+        self.endpoint: StatusEndpoint | None = None
+        self._monitor = threading.Thread(target=self._monitor_loop, name="lag-monitor", daemon=True)
 
     def start(self) -> None:
+        settings = self.ctx.settings
+        if settings.metrics_port is not None:  # first: a taken port fails before anything else starts
+            self.endpoint = StatusEndpoint(settings.metrics_host, settings.metrics_port, self.ctx.metrics.registry,
+                                           self.status)  # fmt: skip
         self.ctx.manager.start()
-        if self.ctx.settings.metrics_port is not None:
-            self.ctx.metrics.serve(self.ctx.settings.metrics_port, self.ctx.settings.metrics_host)
         self.watcher.start()
-        log.info("sidecar started", broker_id=self.ctx.broker_id, log_dirs=[str(d) for d in self.ctx.settings.log_dirs])
+        self._monitor.start()
+        log.info("sidecar started", broker_id=self.ctx.broker_id, log_dirs=[str(d) for d in settings.log_dirs])
 
     def run_forever(self) -> None:
         """Run until SIGTERM/SIGINT (or ``stop``); then finish in-flight steps and exit cleanly."""
@@ -93,20 +102,44 @@ class Sidecar:
         self._update_wal_lag()
         if self.ctx.retry.run(SIDECAR, "tick", self._tick):
             self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
-        sidecar = self.ctx.retry.summary(SIDECAR)
-        self.last_error = sidecar["last_error"]
+        self.last_error = self.ctx.retry.summary(SIDECAR)["last_error"]
+        write_status(self.ctx.settings.state_dir, self.status())
+
+    def status(self) -> dict[str, Any]:
+        """The status as ``/status`` serves it and status.json holds it (copy lag as of now)."""
         deleted = {
             status_key(s.topic_id, s.partition): {"topic": s.topic, **self.ctx.retry.summary(s)}
             for s in self.ctx.retry.failing_scopes()
             if s != SIDECAR and (s.topic_id, s.partition) not in self.tasks
         }
-        write_status(
-            self.ctx.settings.state_dir,
+        return status_document(
             self.ctx.broker_id,
-            {status_key(t.topic_id, t.partition): {"topic": t.topic, **asdict(t.status)} for t in self.tasks.values()},
-            sidecar=sidecar,
+            {
+                status_key(t.topic_id, t.partition): {"topic": t.topic, **asdict(t.status)}
+                for t in list(self.tasks.values())
+            },
+            sidecar=self.ctx.retry.summary(SIDECAR),
             other_partitions=deleted,
         )
+
+    def _monitor_loop(self) -> None:
+        """Apart from the ticks (one can take minutes behind a slow upload): refresh every led partition's
+        copy lag, and ask an idle store whether it answers, every ``lag_refresh_seconds``."""
+        interval = self.ctx.settings.lag_refresh_seconds
+        while not self.ctx.stopping.wait(interval):
+            self.ctx.retry.run(SIDECAR, "lag", self._refresh_lag)
+            if self.ctx.store.idle_seconds() >= interval:
+                self.ctx.retry.run(SIDECAR, "store_probe", self.ctx.store.probe)
+
+    def _refresh_lag(self) -> None:
+        led = list(self.led.values())
+        if not led:
+            return
+        offsets = self.ctx.cluster.local_offsets([(task.topic, task.partition) for task, _ in led])
+        for task, directory in led:
+            local = offsets.get((task.topic, task.partition))
+            if local is not None:
+                task.refresh_lag(directory, local)
 
     def _update_wal_lag(self) -> None:
         try:
@@ -144,10 +177,12 @@ class Sidecar:
                     led.append((info, p.partition, dirs[(name, p.partition)], tiering))
         offsets = ctx.cluster.local_offsets([(info.name, p) for info, p, _, _ in led])
         futures = []
+        now_led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}
         for info, partition, directory, tiering in led:
             task = self.tasks.get((info.topic_id, partition))
             if task is None:
                 task = self.tasks[(info.topic_id, partition)] = PartitionTask(ctx, info.name, info.topic_id, partition)
+            now_led[(info.topic_id, partition)] = (task, directory)
             facts = PartitionFacts(
                 topic=info,
                 partition=partition,
@@ -158,13 +193,19 @@ class Sidecar:
                 local_deletion_allowed=tiering.enabled and not tiering.rolled_back and not cluster_flags[1],
             )
             futures.append(self.pool.submit(task.step, facts))
+        self.led = now_led
         for future in futures:
             future.result()  # step() records its own failures and never raises
         return True
 
     def close(self) -> None:
+        self.ctx.stopping.set()
         self.watcher.stop()
         self.pool.shutdown(wait=True)
+        if self._monitor.is_alive():
+            self._monitor.join(timeout=30)
+        if self.endpoint is not None:
+            self.endpoint.close()
         if self.ctx.leases is not None:
             self.ctx.leases.close()
         self.ctx.manager.close()

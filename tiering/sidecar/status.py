@@ -19,16 +19,20 @@ def status_key(topic_id: str, partition: int) -> str:
     return f"{topic_id}/{partition}"
 
 
-def write_status(state_dir: Path, broker_id: int, partitions: dict[str, dict[str, Any]], *,
-                 sidecar: dict[str, Any] | None = None, other_partitions: dict[str, dict[str, Any]] | None = None
-                 ) -> None:  # fmt: skip
+def status_document(broker_id: int, partitions: dict[str, dict[str, Any]], *,
+                    sidecar: dict[str, Any] | None = None,
+                    other_partitions: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """``partitions``: the led partitions; ``sidecar``: its own failures (Kafka unreachable...);
     ``other_partitions``: failures of partitions it does not lead (a deleted topic's cleanup)."""
+    return {"broker_id": broker_id, "updated_ms": int(time.time() * 1000), "partitions": partitions,
+            "sidecar": sidecar or {}, "other_partitions": other_partitions or {}}  # fmt: skip
+
+
+def write_status(state_dir: Path, doc: dict[str, Any]) -> None:
+    """Replace ``<state_dir>/status.json`` atomically with ``doc``."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / STATUS_FILE
     tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
-    doc = {"broker_id": broker_id, "updated_ms": int(time.time() * 1000), "partitions": partitions,
-           "sidecar": sidecar or {}, "other_partitions": other_partitions or {}}  # fmt: skip
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)
 
