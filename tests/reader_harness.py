@@ -81,7 +81,7 @@ def running_sidecar(config: Path) -> Iterator[tuple[SidecarContext, Sidecar]]:
 
 @contextmanager
 def tiered_topic(stack: Endpoints, tmp_path: Path, records: int = 20_000, partitions: int = 1,
-                 **config: object) -> Iterator[TieredTopic]:  # fmt: skip
+                 local_retention: int = LOCAL_RETENTION, **config: object) -> Iterator[TieredTopic]:  # fmt: skip
     """Produce ``records`` mixed records per partition (every codec, headers, nulls, a committed and an
     aborted transaction), tier them with a real sidecar and wait until the broker's log start is past 0
     everywhere. The sidecar keeps running while the block runs. ``produced`` is partition 0's."""
@@ -91,7 +91,7 @@ def tiered_topic(stack: Endpoints, tmp_path: Path, records: int = 20_000, partit
     produced = by_partition[0]
     path = write_config(stack, tmp_path, **config)
     result = CliRunner().invoke(
-        main, ["topic", "enable", topic, "--local-retention-bytes", str(LOCAL_RETENTION), "--config", str(path)]
+        main, ["topic", "enable", topic, "--local-retention-bytes", str(local_retention), "--config", str(path)]
     )
     assert result.exit_code == 0, result.output
     with running_sidecar(path) as (ctx, sidecar):
