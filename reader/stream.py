@@ -111,9 +111,16 @@ class PartitionStream:
         head = self.windows[0]
         if head.state == LOADING and not head.done.wait(timeout):
             return []
-        data = self._take(head)
+        try:
+            data = self._take(head)
+        except BaseException:
+            self._drop_windows()  # the next read starts afresh at ``position``
+            raise
         try:
             return self._decode(head, data)
+        except BaseException:
+            self._drop_windows()
+            raise
         finally:
             self.pool.release(head.size)
             self._fill()
