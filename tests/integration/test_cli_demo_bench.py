@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -26,6 +27,9 @@ def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
     assert "remote (S3)" in read_back and "broker" in read_back
     assert "records read back identical to what was produced, in order, no gap or duplicate" in read_back
     assert "the remote part ends at" in read_back and "the broker's begins at" in read_back
+    exported = " ".join(result.output.split("8. export the tiered segments to Parquet")[1].split())
+    assert re.search(r"exported [\d,]+ records \(partition 0: offsets 0-\d+\)", exported)
+    assert "first rows of the Parquet output" in exported and "source=demo" in exported
 
 
 def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:
