@@ -48,6 +48,7 @@ class Sidecar:
         self.last_error: str | None = None
         self.led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}  # as of the last tick
         self.endpoint: StatusEndpoint | None = None
+        self.compacted: set[str] = set()  # tiered topics made compacted since: reported once
         self._monitor = threading.Thread(target=self._monitor_loop, name="lag-monitor", daemon=True)
 
     def start(self) -> None:
@@ -170,7 +171,9 @@ class Sidecar:
             if info is None or info.topic_id != topic_id:
                 continue
             if info.compacted:
-                log.error("compacted topics cannot be tiered; skipping", topic=name)
+                if topic_id not in self.compacted:  # once, not every tick
+                    log.error("compacted topics cannot be tiered; skipping", topic=name)
+                    self.compacted.add(topic_id)
                 continue
             for p in info.partitions:
                 if p.leader == ctx.broker_id and (name, p.partition) in dirs:
