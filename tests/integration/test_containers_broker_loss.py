@@ -1,0 +1,123 @@
+"""Broker loss under a containerised deployment: a three-broker cluster in containers with a sidecar
+container beside each broker, reading that broker's log dir through a read-only mount (as in
+deploy/k8s/). The partition leader's broker container is stopped, or paused (every process frozen,
+sockets open), while the sidecars are uploading: no offset is lost, no segment is FINISHED twice, and
+the uploads continue from the new leader's sidecar.
+
+Runs on the containers backend only (TIERING_TEST_BACKEND=containers; the containers pass of .ci/run).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy import container_stack
+from deploy import stack as stack_mod
+from deploy.stack import Endpoints
+from metadata import SegmentRecord
+from segment_fsm import SegmentState
+from tests.conftest import create_topic
+from tests.integration.test_sidecar_failover import produce
+from tests.integration.test_sidecar_policies import cli
+from tests.sidecar_harness import decoded_offsets, settings, wait_for, write_config
+from tiering.sidecar.context import SidecarContext
+from tiering_core.objects import SegmentRef
+
+pytestmark = [pytest.mark.integration, pytest.mark.containers_only]
+FINISHED = [SegmentState.COPY_SEGMENT_FINISHED]
+SEGMENT_BYTES = 64 * 1024
+UPLOAD_RATE = 100_000  # bytes/s per sidecar: ~0.7 s a segment, so uploads are in flight at the fault
+
+
+@pytest.fixture
+def sidecars(stack3: Endpoints, tmp_path: Path) -> Iterator[tuple[Path, list[container_stack.SidecarContainer]]]:
+    """A sidecar container beside each broker, sharing one prefix and metadata topic; yields the host's
+    view of their configuration (for the observer and the CLI) and the containers."""
+    prefix, metadata_topic = f"it-{uuid.uuid4().hex[:8]}", f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
+    host_config = write_config(stack3, tmp_path, broker=1, prefix=prefix, metadata_topic=metadata_topic)
+    started: list[container_stack.SidecarContainer] = []
+    try:
+        for b in stack3.brokers:
+            config = container_stack.sidecar_config(
+                stack3, b.id, remote_storage={"prefix": prefix}, metadata_topic=metadata_topic, metadata_partitions=4,
+                rescan_interval_seconds=1, upload_bytes_per_second=UPLOAD_RATE,
+            )  # fmt: skip
+            started.append(container_stack.start_sidecar(stack3, b.id, config))
+        yield host_config, started
+    finally:
+        for sidecar in started:
+            _, output = container_stack.stop_sidecar(sidecar)
+            (tmp_path / f"{sidecar.name}.log").write_text(output)
+
+
+@pytest.mark.parametrize("fault", ["stop", "pause"])
+def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
+    stack3: Endpoints, sidecars: tuple[Path, list[container_stack.SidecarContainer]], tmp_path: Path, fault: str
+) -> None:
+    host_config, _ = sidecars
+    topic = create_topic(stack3.bootstrap, replication=3, internal_segment_bytes=SEGMENT_BYTES, min_insync_replicas=2)
+    produced: dict[int, bytes] = {}
+    produce(stack3.bootstrap, topic, 0, 20_000, produced)
+    cli("topic", "enable", topic, "--local-retention-bytes", str(4 * SEGMENT_BYTES), "--config", str(host_config))
+    observer = SidecarContext.build(settings(host_config), writes_snapshots=False)
+    observer.manager.start()
+    old_leader = None
+    try:
+        wait_for(lambda: observer.manager.topic_state(topic) is not None, 60, "the sidecars to see the topic")
+        info = observer.cluster.topics([topic])[topic]
+        topic_id, old_leader = info.topic_id, info.partitions[0].leader
+        assert old_leader is not None
+        old_epoch = observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].leader_epoch
+        wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
+        in_flight = observer.manager.partition_state(topic_id, 0)
+        assert in_flight is not None and in_flight.remote_end_offset is not None
+        assert in_flight.remote_end_offset < max(produced) - 10 * 64, "uploads were not in flight at the fault"
+
+        if fault == "stop":
+            stack_mod.kill_broker(stack3, old_leader, hard=False)
+        else:
+            stack_mod.pause_broker(stack3, old_leader)
+        ry_at_fault = observer.manager.partition_state(topic_id, 0).remote_end_offset
+        produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
+        new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
+        assert new_leader not in (None, old_leader)
+        wait_for(
+            lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > ry_at_fault + 5_000,
+            240, "the new leader's sidecar to continue the uploads",
+        )  # fmt: skip
+        late = SegmentRecord(
+            topic=topic, topic_id=topic_id, partition=0, segment_id=uuid.uuid4(),
+            state=SegmentState.COPY_SEGMENT_STARTED, broker_id=old_leader, leader_epoch=old_epoch,
+            event_time=0, base_offset=ry_at_fault + 1, end_offset=ry_at_fault + 10, size=1,
+        )  # fmt: skip
+        result = observer.manager.publish(late)
+        assert not result.accepted and "fenced" in (result.reason or "")
+        finished = observer.manager.segments(topic_id, 0, FINISHED)
+    finally:
+        if old_leader is not None:
+            if fault == "pause":
+                stack_mod.unpause_broker(stack3, old_leader)
+            stack_mod.restart_broker(stack3, old_leader)
+        observer.manager.close()
+
+    bases = [s.base_offset for s in finished]
+    assert len(bases) == len(set(bases)), "a segment reached COPY_SEGMENT_FINISHED twice"
+    assert len({s.leader_epoch for s in finished}) >= 2, "no copy was made by the new leader"
+    remote: dict[int, bytes | None] = {}
+    previous_end = -1
+    for seg in sorted(finished, key=lambda s: s.base_offset):
+        assert seg.base_offset <= previous_end + 1, f"hole before remote segment {seg.base_offset}"
+        assert seg.end_offset > previous_end, f"remote segment {seg.base_offset} is a duplicate of earlier copies"
+        previous_end = seg.end_offset
+        ref = SegmentRef(topic, topic_id, 0, seg.base_offset, uuid.UUID(bytes=seg.segment_id))
+        body = observer.store.get_bytes(ref.key(observer.prefix, "log"))
+        for offset, (_, value, _, _) in decoded_offsets(body, ref.key(observer.prefix, "log")).items():
+            assert remote.setdefault(offset, value) == value, f"overlapping copies disagree at {offset}"
+    ry = previous_end
+    assert set(range(ry + 1)) <= set(remote), "an offset below Ry is in no remote copy"
+    assert set(range(ry + 1)) <= set(produced)
+    assert all(remote[o] == produced[o] for o in range(ry + 1)), "a remote record differs from the one produced"
