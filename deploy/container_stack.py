@@ -294,7 +294,10 @@ def pause_broker(endpoints: Endpoints, broker_id: int) -> None:
 
 
 def unpause_broker(endpoints: Endpoints, broker_id: int) -> None:
-    _broker_container(endpoints, broker_id).unpause()
+    """Let a paused broker's container run again; idempotent."""
+    container = _broker_container(endpoints, broker_id)
+    if container.status == "paused":
+        container.unpause()
 
 
 @dataclass(frozen=True)
@@ -367,12 +370,29 @@ def start_sidecar(endpoints: Endpoints, broker_id: int, config: dict[str, Any]) 
     return sidecar
 
 
-def stop_sidecar(sidecar: SidecarContainer, timeout: float = 60) -> tuple[int, str]:
-    """Stop the sidecar (SIGTERM, then SIGKILL after ``timeout``) and remove its container; returns its
-    exit code and everything it logged."""
+def stop_sidecar(sidecar: SidecarContainer, timeout: float = 60) -> int:
+    """Stop the sidecar (SIGTERM, then SIGKILL after ``timeout``; a paused one is let run first) and
+    return its exit code. The container stays, with its logs, until ``remove_sidecar``."""
     container = _docker().containers.get(sidecar.name)
+    if container.status == "paused":
+        container.unpause()
     container.stop(timeout=int(timeout))
-    code = int(container.wait(timeout=timeout + 30)["StatusCode"])
-    output = container.logs().decode("utf-8", "replace")
+    return int(container.wait(timeout=timeout + 30)["StatusCode"])
+
+
+def remove_sidecar(sidecar: SidecarContainer) -> str:
+    """Stop (if running) and remove the sidecar's container; returns everything it logged."""
+    stop_sidecar(sidecar)
+    container = _docker().containers.get(sidecar.name)
+    output = str(container.logs().decode("utf-8", "replace"))
     container.remove(force=True)
-    return code, output
+    return output
+
+
+def pause_sidecar(sidecar: SidecarContainer) -> None:
+    """Freeze the sidecar's container, as ``pause_broker`` does a broker's (a stalled node: both at once)."""
+    _docker().containers.get(sidecar.name).pause()
+
+
+def unpause_sidecar(sidecar: SidecarContainer) -> None:
+    _docker().containers.get(sidecar.name).unpause()

@@ -21,6 +21,7 @@ rebuilt only when one of its inputs changed, and a change to a parent rebuilds i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -219,7 +220,9 @@ def _ensure_recipe(recipe: Recipe, parent_tag: str, log: Callable[[str], None]) 
         if recipe.prepare is not None:
             recipe.prepare(context)
         cmd = [
-            podman.podman_binary(), "build", "--network", "host", "--from", parent_tag,
+            # --layers=false: the tag's hash decides what is rebuilt; podman's layer cache would not
+            # see a change in what a RUN --mount reads, and intermediate layers would pile up.
+            podman.podman_binary(), "build", "--layers=false", "--network", "host", "--from", parent_tag,
             "-f", str(recipe.containerfile), "-t", tag, "--label", f"tiering.inputs={digest}", str(context),
         ]  # fmt: skip
         _run_logged(cmd, _log_path(recipe.name), f"building the {recipe.name} image")
@@ -230,7 +233,18 @@ def _ensure_recipe(recipe: Recipe, parent_tag: str, log: Callable[[str], None]) 
 
 def _report(built: Built, log: Callable[[str], None]) -> Built:
     log(f"image {built.name}: built in {built.seconds:.1f} s ({built.tag})")
+    _prune(built)
     return built
+
+
+def _prune(built: Built) -> None:
+    """Remove the image's other (older) tags, so rebuilt images do not pile up; one still used by a
+    container stays (podman refuses), as do its layers that newer images share."""
+    repository = built.tag.rpartition(":")[0]
+    listed = podman.run("images", "--format", "{{.Repository}}:{{.Tag}}", repository, timeout=60)
+    for tag in set(listed.split()) - {built.tag}:
+        with contextlib.suppress(StackError):
+            podman.run("rmi", tag, timeout=120)
 
 
 def _digest(recipe: Recipe, parent_tag: str, inputs: Inputs) -> str:

@@ -1,14 +1,16 @@
 """Broker loss under a containerised deployment: a three-broker cluster in containers with a sidecar
 container beside each broker, reading that broker's log dir through a read-only mount (as in
-deploy/k8s/). The partition leader's broker container is stopped, or paused (every process frozen,
-sockets open), while the sidecars are uploading: no offset is lost, no segment is FINISHED twice, and
-the uploads continue from the new leader's sidecar.
+deploy/k8s/). While the sidecars are uploading, the partition leader's pod (its broker's and its
+sidecar's containers) is stopped, or paused (every process frozen, sockets open; let run again once
+the new leader uploads): no offset is lost, no segment is FINISHED twice, the uploads continue from the
+new leader's sidecar, and the old leader's records are fenced.
 
 Runs on the containers backend only (TIERING_TEST_BACKEND=containers; the containers pass of .ci/run).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,15 +52,14 @@ def sidecars(stack3: Endpoints, tmp_path: Path) -> Iterator[tuple[Path, list[con
         yield host_config, started
     finally:
         for sidecar in started:
-            _, output = container_stack.stop_sidecar(sidecar)
-            (tmp_path / f"{sidecar.name}.log").write_text(output)
+            (tmp_path / f"{sidecar.name}.log").write_text(container_stack.remove_sidecar(sidecar))
 
 
 @pytest.mark.parametrize("fault", ["stop", "pause"])
 def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
     stack3: Endpoints, sidecars: tuple[Path, list[container_stack.SidecarContainer]], tmp_path: Path, fault: str
 ) -> None:
-    host_config, _ = sidecars
+    host_config, containers = sidecars
     topic = create_topic(stack3.bootstrap, replication=3, internal_segment_bytes=SEGMENT_BYTES, min_insync_replicas=2)
     produced: dict[int, bytes] = {}
     produce(stack3.bootstrap, topic, 0, 20_000, produced)
@@ -77,9 +78,12 @@ def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
         assert in_flight is not None and in_flight.remote_end_offset is not None
         assert in_flight.remote_end_offset < max(produced) - 10 * 64, "uploads were not in flight at the fault"
 
+        old_sidecar = next(c for c in containers if c.broker_id == old_leader)
         if fault == "stop":
             stack_mod.kill_broker(stack3, old_leader, hard=False)
+            assert container_stack.stop_sidecar(old_sidecar) == 0, "the sidecar did not stop cleanly"
         else:
+            container_stack.pause_sidecar(old_sidecar)
             stack_mod.pause_broker(stack3, old_leader)
         ry_at_fault = observer.manager.partition_state(topic_id, 0).remote_end_offset
         produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
@@ -95,17 +99,24 @@ def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
             event_time=0, base_offset=ry_at_fault + 1, end_offset=ry_at_fault + 10, size=1,
         )  # fmt: skip
         result = observer.manager.publish(late)
-        assert not result.accepted and "fenced" in (result.reason or "")
+        epochs = {s.leader_epoch for s in observer.manager.segments(topic_id, 0, FINISHED)}
+        assert not result.accepted and "fenced" in (result.reason or ""), (
+            f"a record of the old leader (epoch {old_epoch}) was accepted: {result}; copies' epochs {epochs}"
+        )
+        if fault == "pause":  # the old pod wakes up with a stale view: it must not write anything accepted
+            stack_mod.unpause_broker(stack3, old_leader)
+            container_stack.unpause_sidecar(old_sidecar)
+            time.sleep(5)  # several rescans of the woken sidecar
         finished = observer.manager.segments(topic_id, 0, FINISHED)
     finally:
-        if old_leader is not None:
-            if fault == "pause":
-                stack_mod.unpause_broker(stack3, old_leader)
+        if old_leader is not None:  # the session's cluster whole again for the next test
+            stack_mod.unpause_broker(stack3, old_leader)
             stack_mod.restart_broker(stack3, old_leader)
         observer.manager.close()
 
     bases = [s.base_offset for s in finished]
-    assert len(bases) == len(set(bases)), "a segment reached COPY_SEGMENT_FINISHED twice"
+    twice = [(s.base_offset, s.end_offset, s.leader_epoch, s.size) for s in finished if bases.count(s.base_offset) > 1]
+    assert not twice, f"segments reached COPY_SEGMENT_FINISHED twice (base, end, epoch, size): {twice}"
     assert len({s.leader_epoch for s in finished}) >= 2, "no copy was made by the new leader"
     remote: dict[int, bytes | None] = {}
     previous_end = -1
