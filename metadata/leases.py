@@ -13,6 +13,7 @@ Talks to etcd's gRPC gateway through ``etcd3gw`` (2.x asks ``/version`` and uses
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Callable
@@ -103,13 +104,30 @@ class EtcdLeases:
             return (topic_id, partition) in self._held and time.monotonic() - self._confirmed < self.ttl
 
     def release(self, topic_id: str, partition: int) -> None:
-        """Give the partition up (idempotent)."""
+        """Give the partition up (idempotent): the sidecar calls it as soon as it no longer leads the
+        partition, so the new leader's sidecar takes the lease at once instead of being refused until
+        this sidecar stops (the lease itself is kept alive for the partitions it still holds).
+
+        The key is deleted only if it is still this holder's (its create revision is our token, checked
+        in one etcd transaction): a key another sidecar took meanwhile is left alone.
+        """
         with self._lock:
-            if self._held.pop((topic_id, partition), None) is not None:
-                try:
-                    self.client.delete(self.key(topic_id, partition))
-                except Exception as exc:  # the lease expiring releases it anyway
-                    log.warning("releasing a lease key failed", key=self.key(topic_id, partition), error=str(exc))
+            token = self._held.pop((topic_id, partition), None)
+        if token is None:
+            return
+        key = self.key(topic_id, partition)
+        encoded = base64.b64encode(key.encode()).decode()
+        txn = {
+            "compare": [{"key": encoded, "result": "EQUAL", "target": "CREATE", "create_revision": str(token)}],
+            "success": [{"request_delete_range": {"key": encoded}}],
+            "failure": [],
+        }
+        try:
+            released = bool(self.client.transaction(txn).get("succeeded"))
+        except Exception as exc:  # the lease expiring (or this sidecar stopping) releases it anyway
+            log.warning("releasing a lease key failed", key=key, error=str(exc))
+            return
+        log.info("partition lease released", key=key, token=token, owner=self.owner, deleted=released)
 
     def _lose_all(self, why: str) -> None:
         with self._lock:

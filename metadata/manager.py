@@ -301,6 +301,22 @@ class MetadataManager:
             p = self.state.partition(topic_id, partition)
             return None if p is None else p.segment_for_offset(offset)
 
+    def duplicate_copies(self, topic_id: str, partition: int) -> list[RemoteSegment]:
+        """Finished copies holding exactly the offsets of another finished copy that reads prefer: the
+        partition leader's sweeper deletes them (see ``PartitionSegments.duplicates``)."""
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            return [] if p is None else p.duplicates()
+
+    def counted_sizes(self, topic_id: str, partition: int) -> dict[bytes, int]:
+        """Per finished copy (by segment id), the bytes it adds to the remote log's size, no offset
+        counted twice (see ``PartitionSegments.counted_sizes``)."""
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            if p is None:
+                return {}
+            return {bytes(p.ids[r * 16 : r * 16 + 16]): n for r, n in p.counted_sizes().items()}
+
     def segments(
         self, topic_id: str, partition: int, states: Iterable[SegmentState] | None = None
     ) -> list[RemoteSegment]:

@@ -38,7 +38,9 @@ class RemoteSegment(NamedTuple):
 
 class RemotePartitionState(NamedTuple):
     """A partition's remote log at one moment. Offsets are inclusive; the bounds are None while no
-    copy has finished. ``remote_size`` counts finished copies only (Kafka's RemoteLogSizeBytes)."""
+    copy has finished. ``remote_size`` is the size of the remote log (Kafka's RemoteLogSizeBytes): the
+    bytes of finished copies with every offset counted once (see ``PartitionSegments.counted_sizes``);
+    ``stored_size`` is what the finished copies take in the store, overlaps included."""
 
     topic: str
     remote_start_offset: int | None
@@ -47,6 +49,7 @@ class RemotePartitionState(NamedTuple):
     segment_counts: dict[str, int]
     fence: Fence
     delete_state: PartitionDeleteState | None
+    stored_size: int
     log_starts: LogStarts = LogStarts()
 
 
@@ -143,9 +146,64 @@ class PartitionSegments:
                     ry = end[r]
         return rx, ry
 
-    def remote_size(self) -> int:
+    def stored_size(self) -> int:
+        """Bytes of every finished copy, overlapping ones included: what the store holds."""
         st, size = self.state, self.size
         return sum(size[r] for r in range(len(st)) if st[r] == FINISHED)
+
+    def counted_sizes(self) -> dict[int, int]:
+        """Per finished row, the bytes it adds to the remote log's size, so that no offset counts twice.
+
+        Copies overlap after a leader change (the new leader's segment boundaries differ) and, until the
+        sweeper deletes one, when the same segment was finished twice. Each offset belongs to the copy
+        reads use for it (``segment_for_offset``: the highest leader epoch, then the later copy); a copy
+        counts its size in proportion to the offsets that belong to it (integer division), so a copy
+        entirely covered by a preferred one counts 0. Copies that overlap nothing count their size.
+        """
+        st, base, end = self.state, self.base, self.end
+        out: dict[int, int] = {}
+        cluster: list[tuple[int, int]] = []  # (position in order, row) of copies overlapping one another
+        reach = -1
+        for position, r in enumerate(self.order):
+            if st[r] != FINISHED:
+                continue
+            if cluster and base[r] > reach:
+                self._count_cluster(cluster, out)
+                cluster = []
+            cluster.append((position, r))
+            reach = max(reach, end[r]) if len(cluster) > 1 else end[r]
+        if cluster:
+            self._count_cluster(cluster, out)
+        return out
+
+    def _count_cluster(self, cluster: list[tuple[int, int]], out: dict[int, int]) -> None:
+        base, end, size, epoch = self.base, self.end, self.size, self.epoch
+        if len(cluster) == 1:
+            out[cluster[0][1]] = size[cluster[0][1]]
+            return
+        claimed: list[tuple[int, int]] = []  # offset ranges (inclusive) taken by preferred copies
+        for _, r in sorted(cluster, key=lambda pr: (epoch[pr[1]], pr[0]), reverse=True):
+            lo, hi = base[r], end[r]
+            taken = sum(max(0, min(hi, b) - max(lo, a) + 1) for a, b in claimed)
+            out[r] = size[r] * (hi - lo + 1 - taken) // (hi - lo + 1)
+            claimed = _merge([*claimed, (lo, hi)])
+
+    def remote_size(self) -> int:
+        """RemoteLogSizeBytes: finished copies' bytes with every offset counted once."""
+        return sum(self.counted_sizes().values())
+
+    def duplicates(self) -> list[RemoteSegment]:
+        """Finished copies that hold exactly the offsets of another finished copy which reads prefer
+        (higher leader epoch, or the same epoch and finished later): redundant, to be deleted. Which one
+        stays is the same on every replica (the rows' order is the WAL's)."""
+        st, base, end, epoch, order = self.state, self.base, self.end, self.epoch, self.order
+        keep: dict[tuple[int, int], int] = {}
+        for r in order:  # the later copy of equal offsets comes later in ``order``
+            if st[r] == FINISHED:
+                key = (base[r], end[r])
+                if key not in keep or epoch[r] >= epoch[keep[key]]:
+                    keep[key] = r
+        return [self.segment(r) for r in order if st[r] == FINISHED and keep[(base[r], end[r])] != r]
 
     def counts(self) -> dict[str, int]:
         out = {s.name: 0 for s in SegmentState}
@@ -157,7 +215,15 @@ class PartitionSegments:
         """Rx, Ry, remote size and counts: one pass over the partition's segments."""
         rx, ry = self.remote_bounds()
         return RemotePartitionState(
-            self.topic, rx, ry, self.remote_size(), self.counts(), self.fence, self.delete_state, self.log_starts
+            self.topic,
+            rx,
+            ry,
+            self.remote_size(),
+            self.counts(),
+            self.fence,
+            self.delete_state,
+            self.stored_size(),
+            self.log_starts,
         )
 
     def segment_for_offset(self, offset: int) -> RemoteSegment | None:
@@ -189,3 +255,14 @@ class PartitionSegments:
             if name not in ("fence", "delete_state", "log_starts", "topic"):
                 setattr(self, name, getattr(fresh, name))
         return dropped
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Inclusive offset ranges, sorted and merged where they overlap or touch."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out

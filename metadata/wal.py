@@ -123,12 +123,20 @@ class MetadataWal:
             time.sleep(0.1)
 
     def _describe_topic_id(self) -> str:
-        future = self._admin().describe_topics(TopicCollection([self.topic]))[self.topic]
-        try:
-            raw = str(future.result(self.timeout).topic_id)
-        except Exception as exc:
-            raise WalError(f"describing metadata topic {self.topic}: {exc}") from exc
-        return topic_id_str(topic_id_bytes(raw))
+        """The WAL topic's id; a broker that has not learned of a just-created topic yet is asked again."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            future = self._admin().describe_topics(TopicCollection([self.topic]))[self.topic]
+            try:
+                raw = str(future.result(self.timeout).topic_id)
+            except KafkaException as exc:
+                if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise WalError(f"describing metadata topic {self.topic}: {exc}") from exc
+            except Exception as exc:
+                raise WalError(f"describing metadata topic {self.topic}: {exc}") from exc
+            return topic_id_str(topic_id_bytes(raw))
 
     def partition_for(self, record: MetadataRecord) -> int:
         """The WAL partition of ``record``: by topic id + partition, by topic id, or 0 (cluster)."""

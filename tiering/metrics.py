@@ -58,7 +58,14 @@ class SidecarMetrics:
         )
         self.remote_log_size_bytes = Gauge(
             "tiering_remote_log_size_bytes",
-            "Bytes of finished remote copies (RemoteLogSizeBytes).",
+            "Bytes of the remote log, each offset counted once where copies overlap (RemoteLogSizeBytes).",
+            _TP,
+            registry=r,
+        )
+        self.remote_stored_bytes = Gauge(
+            "tiering_remote_stored_bytes",
+            "Bytes of finished remote copies as stored, overlapping copies included (RemoteLogSizeBytes counts "
+            "each offset once).",
             _TP,
             registry=r,
         )

@@ -181,6 +181,12 @@ class KafkaCluster:
             for key in earliest
         }
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's current leader epoch, from the leader's answer to one ListOffsets (latest)."""
+        found = self._list_offsets([TopicPartition(topic, partition)], OffsetSpec.latest(),
+                                   IsolationLevel.READ_UNCOMMITTED)[(topic, partition)]  # fmt: skip
+        return found.leader_epoch if found.leader_epoch is not None else -1
+
     def log_start_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Lx (the log start offset) of each partition, in one ListOffsets request per leader."""
         tps = [TopicPartition(t, p) for t, p in partitions]

@@ -107,7 +107,8 @@ def test_publish_reaches_every_replica_and_the_facade_answers(stack: Endpoints, 
     for replica in (leader, follower):
         state = replica.partition_state(TOPIC_ID, 0)
         assert state is not None
-        assert (state.remote_start_offset, state.remote_end_offset, state.remote_size) == (0, 149, 2000)
+        assert (state.remote_start_offset, state.remote_end_offset, state.remote_size) == (0, 149, 1500)
+        assert state.stored_size == 2000  # offsets 50..99 are in both copies: stored twice, counted once
         assert replica.segment_for_offset(TOPIC_ID, 0, 49).segment_id == old.bytes
         assert replica.segment_for_offset(TOPIC_ID, 0, 60).segment_id == new.bytes  # higher epoch wins
         assert replica.segment_for_offset(TOPIC_ID, 0, 150) is None

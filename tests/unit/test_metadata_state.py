@@ -6,6 +6,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metadata import (
     ClusterRecord,
@@ -44,9 +46,10 @@ def test_bounds_and_lookup_with_overlapping_epochs() -> None:
     assert p.segment_for_offset(120).segment_id == b.bytes
     assert p.segment_for_offset(160).segment_id == c.bytes  # higher epoch wins the overlap
     assert p.segment_for_offset(300) is None
-    assert p.remote_size() == 3000
+    assert p.remote_size() == 2500  # b's offsets 150..199 count once, in c (the higher epoch): b counts half
     summary = p.summary()
-    assert (summary.remote_start_offset, summary.remote_end_offset, summary.remote_size) == (0, 299, 3000)
+    assert (summary.remote_start_offset, summary.remote_end_offset, summary.remote_size) == (0, 299, 2500)
+    assert summary.stored_size == 3000
     assert summary.segment_counts["COPY_SEGMENT_FINISHED"] == 3 and summary.fence == (2, 0)
     assert p.segment_for_offset(160).first_timestamp == 1_150  # the factory's first timestamp: 1000 + base
 
@@ -158,3 +161,57 @@ def test_a_recreated_name_resolves_to_its_newest_incarnation_whatever_the_replay
         assert loaded.topic("orders")[0] == new_id  # a snapshot (topics sorted by id) keeps the answer
         digests.append(loaded.digest())
     assert digests[0] == digests[1]
+
+
+copies_strategy = st.lists(
+    st.tuples(st.integers(0, 60), st.integers(1, 25), st.integers(1, 3)), min_size=1, max_size=12
+)  # (base offset, offsets in the copy, leader epoch)
+
+
+@settings(max_examples=300, deadline=None)
+@given(copies=copies_strategy, per_offset=st.integers(1, 50))
+def test_remote_size_counts_every_offset_once_whatever_the_overlaps(
+    copies: list[tuple[int, int, int]], per_offset: int
+) -> None:
+    state = MetadataState()
+    for base, length, epoch in sorted(copies, key=lambda c: c[2]):  # the WAL's order: epochs only grow
+        sid = uuid.uuid4()
+        end = base + length - 1
+        for s in (S.COPY_SEGMENT_STARTED, S.COPY_SEGMENT_FINISHED):
+            assert state.apply(seg(sid, s, base, end, epoch=epoch, size=length * per_offset)).accepted
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None
+    covered = {o for base, length, _ in copies for o in range(base, base + length)}
+    assert p.remote_size() == per_offset * len(covered)  # bytes spread evenly: exactly once per offset
+    assert p.stored_size() == per_offset * sum(length for _, length, _ in copies)
+    counted = p.counted_sizes()
+    owners = {o: p.segment_for_offset(o).segment_id for o in covered}  # the copy reads use
+    for r, bytes_ in counted.items():
+        row = p.segment(r)
+        assert bytes_ == per_offset * sum(1 for o, owner in owners.items() if owner == row.segment_id)
+    duplicates = p.duplicates()
+    distinct = {(base, base + length - 1) for base, length, _ in copies}
+    assert len(duplicates) == len(copies) - len(distinct)  # all but one of each set of equal offsets
+    dropped = {d.segment_id for d in duplicates}
+    kept = {
+        (r.base_offset, r.end_offset): r
+        for r in p.segments(frozenset({int(S.COPY_SEGMENT_FINISHED)}))
+        if r.segment_id not in dropped
+    }
+    assert len(kept) == len(distinct)
+    for dup in duplicates:  # one copy of the same offsets stays, of the same or a higher epoch
+        assert kept[(dup.base_offset, dup.end_offset)].leader_epoch >= dup.leader_epoch
+
+
+def test_the_duplicate_of_an_equal_copy_is_the_one_reads_do_not_use() -> None:
+    state = MetadataState()
+    first = finished(state, 0, 99, epoch=2)
+    again = finished(state, 0, 99, epoch=2)  # the same segment finished twice (a late write and a retry)
+    other = finished(state, 50, 149, epoch=3)  # a new leader's copy: other boundaries, legitimate
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None
+    assert [d.segment_id for d in p.duplicates()] == [first.bytes]
+    assert p.segment_for_offset(10).segment_id == again.bytes and p.segment_for_offset(60).segment_id == other.bytes
+    assert p.remote_size() == 500 + 1000  # again: offsets 0..49 only (50..99 belong to other); first: none
+    assert state.apply(seg(first, S.DELETE_SEGMENT_STARTED, 0, 99, epoch=3)).accepted
+    assert p.duplicates() == [] and p.remote_size() == 1500 and p.stored_size() == 2000

@@ -32,7 +32,8 @@ from tiering.policy import (
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.retry import Scope
 from tiering_core.errors import ConfigError, FormatError, TieringError
-from tiering_core.formats import SegmentFiles, list_segments
+from tiering_core.formats import SegmentFiles, list_segments, parse_leader_epoch_checkpoint
+from tiering_core.formats.indexes import read_file
 from tiering_core.kafka_cluster import LocalOffsets, TopicInfo
 from tiering_core.logs import get_logger
 from tiering_core.objects import SegmentRef, parse_key, partition_prefixes
@@ -40,6 +41,7 @@ from tiering_core.stores.base import RemoteStoreError
 
 log = get_logger(__name__)
 Local = list[tuple[LocalSegmentInfo, SegmentFiles]]  # the partition's segments, oldest first
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 
 
 @dataclass
@@ -67,6 +69,10 @@ class PartitionStatus:
     failing: dict[str, str] = field(default_factory=dict)  # operation -> its error, until it succeeds
 
 
+class LeadershipMoved(TieringError):
+    """The leader epoch Kafka answered with is not this broker's: the partition is led elsewhere now."""
+
+
 class CopyFailed(TieringError):
     """A segment copy failed; its objects were deleted again (or the sweeper will). Retried with backoff."""
 
@@ -91,8 +97,7 @@ class PartitionTask:
         retry, scope = self.ctx.retry, self.scope
         begun = retry.run(scope, "partition", lambda: self._begin(facts))
         if begun is not None:
-            token, local, offsets = begun
-            epoch = facts.offsets.leader_epoch
+            token, epoch, local, offsets = begun
             retry.run(scope, "log_start", lambda: self._record_log_start(offsets, epoch, token))
             if facts.uploads_allowed:
                 retry.run(scope, "copy", lambda: self._copy_all(facts, local, offsets, epoch, token))
@@ -112,15 +117,17 @@ class PartitionTask:
             retry.run(scope, "sweep", lambda: self._sweep(epoch, token, offsets))
             summary = self.ctx.manager.partition_state(self.topic_id, self.partition)
             self.ctx.metrics.remote_log_size_bytes.labels(**self.labels).set(summary.remote_size if summary else 0)
+            self.ctx.metrics.remote_stored_bytes.labels(**self.labels).set(summary.stored_size if summary else 0)
         self._refresh_status()
 
     def _refresh_status(self) -> None:
         for name, value in self.ctx.retry.summary(self.scope).items():
             setattr(self.status, name, value)
 
-    def _begin(self, facts: PartitionFacts) -> tuple[int, Local, PartitionOffsets]:
-        """The lease's fencing token, the local segments and the offsets, checked; raises if the partition
-        must not be touched this tick (lease elsewhere, offsets out of order)."""
+    def _begin(self, facts: PartitionFacts) -> tuple[int, int, Local, PartitionOffsets]:
+        """The lease's fencing token, the leader epoch, the local segments and the offsets, checked; raises
+        if the partition must not be touched this tick (led elsewhere, lease elsewhere, offsets out of order)."""
+        epoch = self._own_leader_epoch(facts)
         token = 0
         if self.ctx.leases is not None:
             held = self.ctx.leases.acquire(self.topic_id, self.partition)
@@ -135,15 +142,46 @@ class PartitionTask:
         except OffsetViolation:
             self.ctx.metrics.offset_violations.labels(**self.labels).inc()
             raise
-        return token, local, offsets
+        return token, epoch, local, offsets
+
+    def _own_leader_epoch(self, facts: PartitionFacts) -> int:
+        """The leader epoch to write records with, proven to be this broker's own.
+
+        ListOffsets goes to whichever broker librdkafka believes leads the partition; after a leader
+        change that is the new leader, whose epoch a deposed leader's sidecar must never write with (its
+        late records would pass the fence). The answer's epoch (Kafka puts the partition's current leader
+        epoch in a LATEST answer) counts only if this broker's own leader-epoch cache ends with it: a
+        leader appends its epoch there when it becomes leader, a deposed one only once it replicated
+        records of the new epoch. Raises LeadershipMoved otherwise.
+        """
+        answered = facts.offsets.leader_epoch
+        path = facts.partition_dir / LEADER_EPOCH_CHECKPOINT
+        entries = parse_leader_epoch_checkpoint(read_file(path).decode(), str(path))
+        own = entries[-1].epoch if entries else None
+        if own != answered:
+            raise LeadershipMoved(
+                f"{self.topic}-{self.partition}: Kafka answered with leader epoch {answered}, but this broker's "
+                f"{path} ends at epoch {own}: another broker leads the partition (or leadership is moving); "
+                "nothing is written with that epoch"
+            )
+        return answered
 
     def _copy_all(self, facts: PartitionFacts, local: Local,
                   offsets: PartitionOffsets, epoch: int, token: int) -> None:  # fmt: skip
-        """Copy eligible segments in offset order until none is left (or one is refused)."""
+        """Copy eligible segments in offset order until none is left (or one is refused).
+
+        Before each further segment the partition's leader epoch is asked again: a backlog can take long
+        to upload, and a broker that lost the leadership meanwhile must stop (and let its lease go)
+        instead of uploading the rest of its own log.
+        """
         while not self.ctx.stopping.is_set():
             decision = next_segment_to_copy([s for s, _ in local], offsets)
             if decision is None or not self._copy(decision.segment, decision.end_offset, local, epoch, token):
                 return
+            now = self.ctx.cluster.leader_epoch(self.topic, self.partition)
+            if now != epoch:
+                raise LeadershipMoved(f"{self.topic}-{self.partition}: the leader epoch moved from {epoch} to {now} "
+                                      "during the uploads; the rest waits for the next tick")  # fmt: skip
             offsets = self._offsets(facts.offsets)
             self._update_lag(local, offsets)  # after every segment: a tick can copy for minutes
 
@@ -356,8 +394,10 @@ class PartitionTask:
         if not finished:
             return
         # copies recorded before the file-time fallback may carry no timestamp (<= 0): judge those by the
-        # time of their last transition, later than any record in them, never as 55 years old
-        infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, s.size,
+        # time of their last transition, later than any record in them, never as 55 years old. Sizes count
+        # each offset once: overlapping copies must not make retention.bytes expire data early.
+        counted = self.ctx.manager.counted_sizes(self.topic_id, self.partition)
+        infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, counted.get(s.segment_id, s.size),
                                    s.max_timestamp if s.max_timestamp > 0 else s.event_time)
                  for s in finished]  # fmt: skip
         ry = offsets.ry if offsets.ry is not None else -1
@@ -373,7 +413,19 @@ class PartitionTask:
 
     # -- sweeping ---------------------------------------------------------------------------
     def _sweep(self, epoch: int, token: int, offsets: PartitionOffsets) -> None:
-        """Finish what crashed sidecars left: stale STARTED copies, unfinished deletions, orphans."""
+        """Finish what crashed sidecars left: duplicate finished copies, stale STARTED copies, unfinished
+        deletions, orphans.
+
+        A duplicate is a second COPY_SEGMENT_FINISHED of exactly the same offsets (a crash can leave one:
+        a FINISHED record that lands late, after the retry finished its own copy). The copy reads prefer
+        stays, the other goes through DELETE_SEGMENT_*. Overlapping copies of other boundaries (a new
+        leader's) are legitimate and stay; size accounting counts their offsets once.
+        """
+        for dup in self.ctx.manager.duplicate_copies(self.topic_id, self.partition):
+            log.warning("deleting a duplicate copy: another finished copy holds the same offsets", topic=self.topic,
+                        partition=self.partition, base_offset=dup.base_offset, end_offset=dup.end_offset,
+                        segment_id=dup.segment_id.hex(), leader_epoch=dup.leader_epoch)  # fmt: skip
+            self.delete_copy(dup, epoch, token)
         timeout_ms = self.ctx.settings.copy_started_timeout_seconds * 1000
         now = self.ctx.now_ms()
         every = self.ctx.manager.segments(self.topic_id, self.partition)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -103,6 +104,8 @@ class Sidecar:
         self._update_wal_lag()
         if self.ctx.retry.run(SIDECAR, "tick", self._tick):
             self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
+        else:  # leadership could not be confirmed: hold no lease another leader may need
+            self._release_leases(self.tasks)
         self.last_error = self.ctx.retry.summary(SIDECAR)["last_error"]
         write_status(self.ctx.settings.state_dir, self.status())
 
@@ -151,6 +154,21 @@ class Sidecar:
         for partition, records in lag.items():
             self.ctx.metrics.metadata_wal_lag.labels(wal_partition=str(partition)).set(records)
 
+    def _release_leases(self, partitions: Iterable[tuple[str, int]]) -> None:
+        if self.ctx.leases is not None:
+            for topic_id, partition in partitions:
+                self.ctx.leases.release(topic_id, partition)
+
+    def _let_go(self, led: set[tuple[str, int]]) -> None:
+        """Forget the partitions this broker no longer leads and release their leases at once: the new
+        leader's sidecar is refused the lease until then (the keepalive keeps it alive otherwise)."""
+        gone = [key for key in self.tasks if key not in led]
+        for topic_id, partition in gone:
+            task = self.tasks.pop((topic_id, partition))
+            log.info("partition no longer led by this broker", topic=task.topic, topic_id=topic_id,
+                     partition=partition)  # fmt: skip
+        self._release_leases(gone)
+
     def _janitor(self) -> None:
         brokers = self.ctx.cluster.broker_ids()
         if brokers and self.ctx.broker_id == min(brokers):
@@ -178,6 +196,7 @@ class Sidecar:
             for p in info.partitions:
                 if p.leader == ctx.broker_id and (name, p.partition) in dirs:
                     led.append((info, p.partition, dirs[(name, p.partition)], tiering))
+        self._let_go({(info.topic_id, p) for info, p, _, _ in led})
         offsets = ctx.cluster.local_offsets([(info.name, p) for info, p, _, _ in led])
         futures = []
         now_led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}
