@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from deploy.stack import Endpoints
 from tiering.config import SidecarSettings, load_settings
+from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.runner import Sidecar
 from tiering_core.formats import iter_batches, list_segments, mapped
 
 Produced = dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]]
@@ -158,3 +162,19 @@ def local_offsets(partition_dir: Path, from_offset: int) -> dict[int, tuple]:
         with mapped(seg.log) as buf:
             out.update({o: v for o, v in decoded_offsets(bytes(buf), str(seg.log)).items() if o >= from_offset})
     return out
+
+
+@contextmanager
+def sidecars_running(configs: dict[int, Path]) -> Iterator[dict[int, Sidecar]]:
+    """One sidecar per broker's config, each running its loop in a thread; all stopped and joined on exit."""
+    sidecars = {b: Sidecar(SidecarContext.build(settings(c))) for b, c in configs.items()}
+    threads = [threading.Thread(target=s.run_forever, daemon=True) for s in sidecars.values()]
+    for t in threads:
+        t.start()
+    try:
+        yield sidecars
+    finally:
+        for s in sidecars.values():
+            s.stop()
+        for t in threads:
+            t.join(60)

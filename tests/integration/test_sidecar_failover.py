@@ -3,7 +3,6 @@ boundaries, no offset is missing, overlapping copies agree, and the old leader's
 
 from __future__ import annotations
 
-import threading
 import uuid
 from pathlib import Path
 
@@ -16,9 +15,8 @@ from metadata import SegmentRecord
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.integration.test_sidecar_policies import cli
-from tests.sidecar_harness import decoded_offsets, settings, wait_for, write_config
+from tests.sidecar_harness import decoded_offsets, settings, sidecars_running, wait_for, write_config
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.runner import Sidecar
 from tiering_core.objects import SegmentRef
 
 pytestmark = pytest.mark.integration
@@ -53,47 +51,40 @@ def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: E
         for b in stack3.brokers
     }
     cli("topic", "enable", topic, "--local-retention-bytes", str(4 * 64 * 1024), "--config", str(configs[1]))
-    sidecars = {b: Sidecar(SidecarContext.build(settings(c))) for b, c in configs.items()}
-    threads = [threading.Thread(target=s.run_forever, daemon=True) for s in sidecars.values()]
-    for t in threads:
-        t.start()
-    observer = SidecarContext.build(settings(configs[1]), writes_snapshots=False)  # outlives any one sidecar
-    observer.manager.start()
-    try:
-        wait_for(lambda: observer.manager.topic_state(topic) is not None, 60, "the sidecars to start")
-        info = observer.cluster.topics([topic])[topic]
-        topic_id, old_leader = info.topic_id, info.partitions[0].leader
-        assert old_leader is not None
-        old_epoch = observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].leader_epoch
-        wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
-        # The leader's broker goes away while its sidecar is still uploading (rate limited). SIGTERM: a
-        # controlled shutdown, as in a rolling restart; a SIGKILL of a KRaft voter on two loaded cores
-        # can leave the controller quorum flapping for minutes, which tests Kafka, not the sidecar.
-        stack_mod.kill_broker(stack3, old_leader, hard=False)
-        sidecars[old_leader].stop()
-        ry_at_failover = observer.manager.partition_state(topic_id, 0).remote_end_offset
-        produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
-        new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
-        assert new_leader not in (None, old_leader)
-        wait_for(
-            lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > ry_at_failover + 5_000,
-            240, "the new leader's sidecar to continue the uploads",
-        )  # fmt: skip
-        late = SegmentRecord(
-            topic=topic, topic_id=topic_id, partition=0, segment_id=uuid.uuid4(),
-            state=SegmentState.COPY_SEGMENT_STARTED, broker_id=old_leader, leader_epoch=old_epoch,
-            event_time=0, base_offset=ry_at_failover + 1, end_offset=ry_at_failover + 10, size=1,
-        )  # fmt: skip
-        result = observer.manager.publish(late)
-        assert not result.accepted and "fenced" in (result.reason or "")
-        finished = observer.manager.segments(topic_id, 0, FINISHED)
-    finally:
-        for s in sidecars.values():
-            s.stop()
-        for t in threads:
-            t.join(60)
-        observer.manager.close()
-        stack_mod.restart_broker(stack3, old_leader)
+    with sidecars_running(configs) as sidecars:
+        observer = SidecarContext.build(settings(configs[1]), writes_snapshots=False)  # outlives any one sidecar
+        observer.manager.start()
+        try:
+            wait_for(lambda: observer.manager.topic_state(topic) is not None, 60, "the sidecars to start")
+            info = observer.cluster.topics([topic])[topic]
+            topic_id, old_leader = info.topic_id, info.partitions[0].leader
+            assert old_leader is not None
+            old_epoch = observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].leader_epoch
+            wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
+            # The leader's broker goes away while its sidecar is still uploading (rate limited). SIGTERM: a
+            # controlled shutdown, as in a rolling restart; a SIGKILL of a KRaft voter on two loaded cores
+            # can leave the controller quorum flapping for minutes, which tests Kafka, not the sidecar.
+            stack_mod.kill_broker(stack3, old_leader, hard=False)
+            sidecars[old_leader].stop()
+            ry_at_failover = observer.manager.partition_state(topic_id, 0).remote_end_offset
+            produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
+            new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
+            assert new_leader not in (None, old_leader)
+            wait_for(
+                lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > ry_at_failover + 5_000,
+                240, "the new leader's sidecar to continue the uploads",
+            )  # fmt: skip
+            late = SegmentRecord(
+                topic=topic, topic_id=topic_id, partition=0, segment_id=uuid.uuid4(),
+                state=SegmentState.COPY_SEGMENT_STARTED, broker_id=old_leader, leader_epoch=old_epoch,
+                event_time=0, base_offset=ry_at_failover + 1, end_offset=ry_at_failover + 10, size=1,
+            )  # fmt: skip
+            result = observer.manager.publish(late)
+            assert not result.accepted and "fenced" in (result.reason or "")
+            finished = observer.manager.segments(topic_id, 0, FINISHED)
+        finally:
+            observer.manager.close()
+            stack_mod.restart_broker(stack3, old_leader)
 
     epochs = {s.leader_epoch for s in finished}
     assert len(epochs) >= 2, "no copy was made by the new leader"

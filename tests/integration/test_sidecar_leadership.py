@@ -3,7 +3,6 @@ is reconciled (one copy deleted through DELETE_SEGMENT_*, the size counted once)
 
 from __future__ import annotations
 
-import threading
 import uuid
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from tests.conftest import create_topic
 from tests.integration.test_sidecar_failover import produce as produce_acked
 from tests.integration.test_sidecar_policies import FINISHED, SEGMENT, cli, produce, refs, running
 from tests.metadata_factory import TOPIC_ID
-from tests.sidecar_harness import settings, snapshot_segments, wait_for, write_config
+from tests.sidecar_harness import settings, sidecars_running, snapshot_segments, wait_for, write_config
 from tiering.copier import LocalSegment
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
-from tiering.sidecar.runner import Sidecar
 from tiering_core.formats import list_segments
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.objects import SegmentRef
@@ -153,39 +151,32 @@ def test_the_lease_follows_leadership_to_the_new_leaders_sidecar(stack3: Endpoin
     produce_acked(stack3.bootstrap, topic, 0, 20_000, produced)
     configs = shared_configs(stack3, tmp_path, etcd_url=stack3.etcd.url, upload_bytes_per_second=400_000)
     cli("topic", "enable", topic, "--config", str(configs[1]))
-    sidecars = {b: Sidecar(SidecarContext.build(settings(c))) for b, c in configs.items()}
-    threads = [threading.Thread(target=s.run_forever, daemon=True) for s in sidecars.values()]
-    for t in threads:
-        t.start()
-    observer = SidecarContext.build(settings(configs[1]), writes_snapshots=False)
-    observer.manager.start()
-    old_leader = None
-    try:
-        info = observer.cluster.topics([topic])[topic]
-        topic_id, old_leader = info.topic_id, info.partitions[0].leader
-        assert old_leader is not None
-        wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
-        # The leader's broker stops; its sidecar keeps running (and its etcd lease alive), as when the broker
-        # is restarted or its leadership moves to a preferred replica.
-        stack_mod.kill_broker(stack3, old_leader, hard=False)
-        produce_acked(stack3.bootstrap, topic, 20_000, 10_000, produced)  # offsets only the new leader has
-        new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
-        assert new_leader not in (None, old_leader)
-        wait_for(
-            lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > 22_000,
-            180, "the new leader's sidecar to take the lease and upload what only it has",
-        )  # fmt: skip
-        key = sidecars[new_leader].ctx.leases.key(topic_id, 0)  # type: ignore[union-attr]
-        found = sidecars[new_leader].ctx.leases.client.get(key, metadata=True)  # type: ignore[union-attr]
-        assert found and found[0][0].decode() == f"broker-{new_leader}"
-        assert (topic_id, 0) not in sidecars[old_leader].tasks
-        finished = observer.manager.segments(topic_id, 0, FINISHED)
-        assert max(s.leader_epoch for s in finished) > min(s.leader_epoch for s in finished)
-    finally:
-        for s in sidecars.values():
-            s.stop()
-        for t in threads:
-            t.join(60)
-        observer.manager.close()
-        if old_leader is not None:
-            stack_mod.restart_broker(stack3, old_leader)
+    with sidecars_running(configs) as sidecars:
+        observer = SidecarContext.build(settings(configs[1]), writes_snapshots=False)
+        observer.manager.start()
+        old_leader = None
+        try:
+            info = observer.cluster.topics([topic])[topic]
+            topic_id, old_leader = info.topic_id, info.partitions[0].leader
+            assert old_leader is not None
+            wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
+            # The leader's broker stops; its sidecar keeps running (and its etcd lease alive), as when the broker
+            # is restarted or its leadership moves to a preferred replica.
+            stack_mod.kill_broker(stack3, old_leader, hard=False)
+            produce_acked(stack3.bootstrap, topic, 20_000, 10_000, produced)  # offsets only the new leader has
+            new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
+            assert new_leader not in (None, old_leader)
+            wait_for(
+                lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > 22_000,
+                180, "the new leader's sidecar to take the lease and upload what only it has",
+            )  # fmt: skip
+            key = sidecars[new_leader].ctx.leases.key(topic_id, 0)  # type: ignore[union-attr]
+            found = sidecars[new_leader].ctx.leases.client.get(key, metadata=True)  # type: ignore[union-attr]
+            assert found and found[0][0].decode() == f"broker-{new_leader}"
+            assert (topic_id, 0) not in sidecars[old_leader].tasks
+            finished = observer.manager.segments(topic_id, 0, FINISHED)
+            assert max(s.leader_epoch for s in finished) > min(s.leader_epoch for s in finished)
+        finally:
+            observer.manager.close()
+            if old_leader is not None:
+                stack_mod.restart_broker(stack3, old_leader)
