@@ -58,3 +58,17 @@ def test_bench_catchup_prints_both_sides_and_a_json_summary_last(stack: Endpoint
     assert sides == [("broker", 100), ("ours", 100), ("broker", 1024), ("ours", 1024)]
     for r in lines[:-1]:
         assert r["bytes"] == r["records"] * r["record_size"] and r["mb_s"] > 0
+
+
+def test_bench_http_prints_each_side_and_a_json_summary_last(stack: Endpoints) -> None:
+    result = CliRunner().invoke(
+        main, ["bench", "http", "--stack-dir", stack.stack_dir, "--size-mb", "16"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
+    summary = lines[-1]
+    assert set(summary) >= {"ratio", "json_ratio", "transfer_mb_s", "first_record_ms", "peak_rss_mb"}
+    raw, js, broker = lines[:-1]
+    assert (raw["side"], js["side"], broker["side"]) == ("http-raw", "http-json", "broker")
+    assert raw["records"] == js["records"] == summary["records"] > 0 and broker["records"] >= raw["records"]
+    assert raw["bytes"] == js["bytes"] == raw["records"] * 1024

@@ -7,6 +7,7 @@ import click
 from tiering.bench.catchup import catchup
 from tiering.bench.decode import decode
 from tiering.bench.export import export
+from tiering.bench.fetch_service import http_bench
 from tiering.bench.metadata import metadata
 from tiering.bench.upload import upload
 
@@ -23,5 +24,6 @@ def bench() -> None:
 bench.add_command(catchup)
 bench.add_command(decode)
 bench.add_command(export)
+bench.add_command(http_bench)
 bench.add_command(metadata)
 bench.add_command(upload)
