@@ -47,8 +47,9 @@ class HttpSettings(BaseModel):
     max_records: int = Field(default=10_000, ge=1, description="Largest max_records a JSON request may ask for.")
     max_concurrent_requests: int = Field(
         default=64, ge=1,
-        description="Requests served at once; more are answered 503 at once. Each holds at most "
-        "max_fetch_bytes of the reader's memory pool.",
+        description="Open connections (idle keep-alive ones included) and requests in progress allowed at once; "
+        "past it a request is answered 503 at once. A request holds at most about max_fetch_bytes of the "
+        "reader's memory pool, which waits for room when full.",
     )  # fmt: skip
     ready_timeout_seconds: float = Field(
         default=5.0, gt=0, description="How long /readyz waits for the metadata to catch up before saying no."

@@ -142,7 +142,9 @@ def read_raw(services: list[Service], t: Tiered, isolation: str, max_bytes: int)
         assert r.headers["content-type"] == "application/octet-stream"
         next_offset = int(r.headers["Kafka-Next-Offset"])
         assert next_offset > offset, "the next offset does not advance"
-        assert int(r.headers["Kafka-Record-Batches"]) == len(list(batches(r.content)))
+        count = int(r.headers["Kafka-Record-Batches"])
+        assert count == len(list(batches(r.content)))
+        assert len(r.content) <= max_bytes or count == 1, "more than max_bytes, beyond the one batch Kafka allows"
         bodies.append(r.content)
         offset = next_offset
     raise AssertionError("the remote end was never reached")
@@ -197,6 +199,7 @@ def read_json(service: Service, t: Tiered, **params: object) -> tuple[list[dict]
         assert r.status_code == 200, r.text
         page = r.json()
         assert page["offset"] == offset and page["next_offset"] > offset
+        assert len(page["records"]) <= params.get("max_records", 500), "more records than asked for"
         records += page["records"]
         offset = page["next_offset"]
 
