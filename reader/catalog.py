@@ -120,6 +120,11 @@ class MetadataCatalog:
         """The topic's tiering state (enabled, download paused...), None if it was never tiered."""
         return self.manager.tiering(self.topic_id(topic))
 
+    def tiered_topics(self) -> set[str]:
+        """Names of the topics whose tiering metadata this catalog holds (enabled or rolled back)."""
+        with self.manager.lock:
+            return {name for name, _ in self.manager.state.topics.values()}
+
     def download_paused(self, topic: str) -> bool:
         """``tiering topic pause-download`` is in force for the topic."""
         tiering = self.tiering(topic)

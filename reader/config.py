@@ -63,6 +63,8 @@ class ReaderSettings(BaseSettings):
         description="When set, every this many seconds (while idle) warm the cache with the remote ranges that "
         "consumer groups will read next (committed offsets below the broker's log start).",
     )  # fmt: skip
+    hot_data_windows: int = Field(default=4, ge=1, le=1024, description="Windows warmed per committed offset.")
+    hot_data_max_groups: int = Field(default=100, ge=1, description="Consumer groups looked at per round.")
 
     @model_validator(mode="after")
     def _window_fits_pool(self) -> ReaderSettings:

@@ -40,6 +40,10 @@ class DiskCache:
     def _name(key: str, start: int, end: int) -> str:
         return hashlib.sha256(f"{key}\0{start}\0{end}".encode()).hexdigest()[:40] + ".win"
 
+    def contains(self, key: str, start: int, end: int) -> bool:
+        with self.lock:
+            return self._name(key, start, end) in self.entries
+
     def get(self, key: str, start: int, end: int) -> bytes | None:
         name = self._name(key, start, end)
         with self.lock:

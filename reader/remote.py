@@ -61,6 +61,11 @@ class RemoteReader:
         self.indexes = SegmentIndexCache(self.fetcher, settings.remote_storage.prefix, settings.index_cache_segments)
         self.pool = MemoryPool(settings.prefetch_pool_bytes)
         self.executor = ThreadPoolExecutor(settings.download_max_concurrency + 1, thread_name_prefix="remote-read")
+        self.preloader = None
+        if settings.hot_data_interval_seconds:
+            from reader.hotdata import HotDataPreloader  # it reads through this class: imported here, not above
+
+            self.preloader = HotDataPreloader(self, settings.hot_data_interval_seconds).start()
 
     @classmethod
     def open(cls, settings: ReaderSettings, topics: list[str] | None = None) -> RemoteReader:
@@ -70,6 +75,8 @@ class RemoteReader:
         return cls(settings, catalog, store)
 
     def close(self) -> None:
+        if self.preloader is not None:
+            self.preloader.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.catalog.close()
 
@@ -128,8 +135,7 @@ class RemoteReader:
         """Bytes ``[start, end)`` of the copy's ``.log``; RemoteDataCorrupt if the object is shorter or
         longer than its manifest says; at a whole-object read, its CRC-32C is checked too."""
         size = copy.size
-        last = end if end >= size else end - 1  # one byte past the manifest's size at the end of the object
-        data = self.fetcher.get(copy.log_key, start, last, cacheable=cacheable)
+        data = self.fetcher.get(copy.log_key, start, _last_byte(copy, end), cacheable=cacheable)
         if end >= size:
             if len(data) != size - start:
                 raise RemoteDataCorrupt(copy.log_key, start + len(data),
@@ -140,6 +146,11 @@ class RemoteReader:
         elif len(data) != end - start:
             raise RemoteDataCorrupt(copy.log_key, start + len(data), f"object ends before the manifest's size {size}")
         return data
+
+    def is_cached(self, copy: SegmentCopy, start: int, end: int) -> bool:
+        """Whether ``[start, end)`` of the copy's ``.log`` is in the disk cache (False without one)."""
+        cache = self.fetcher.cache
+        return cache is not None and cache.contains(copy.log_key, start, _last_byte(copy, end))
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> RemoteFetch:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` of them (at least one batch,
@@ -195,6 +206,11 @@ class RemoteReader:
                 rx, _ = self.catalog.remote_offsets(ref.topic, ref.partition)
                 raise OffsetOutOfRange(ref.topic, ref.partition, copy.base_offset, rx, None) from None
             raise
+
+
+def _last_byte(copy: SegmentCopy, end: int) -> int:
+    """The inclusive end of the GET for ``[start, end)``: one byte past the manifest's size at the object's end."""
+    return end if end >= copy.size else end - 1
 
 
 def verify_crcs(key: str, data: bytes | memoryview, headers: list[BatchHeader], base_position: int) -> None:

@@ -2,11 +2,12 @@
 
 The copy's ``.log`` is read in windows of ``fetch_window_bytes`` aligned to the object (the first one
 starts at the offset index's position for the start offset), so windows are the unit of the memory
-pool and the disk cache. Up to ``prefetch_windows`` windows after the one being decoded are
-downloaded in the background while the caller decodes (downloads release the GIL); when the last
-window of a copy is scheduled, the next copy is located and its indexes and first windows are
-fetched ahead too (Kafka's KIP-1003: signal the next segment). Read-ahead takes only free room in
-the pool and may be evicted; the window the caller needs is always downloaded (``MemoryPool``).
+pool and of the disk cache (keyed by object and exact range). Up to ``prefetch_windows`` windows after
+the one being decoded are downloaded in the background while the caller decodes (downloads release the
+GIL); when the last window of a copy is scheduled, the next copy is located and its indexes and first
+windows are fetched ahead too (Kafka's KIP-1003: signal the next segment). Read-ahead takes only free
+room in the pool and may be evicted; the window the caller needs is always downloaded
+(``MemoryPool``).
 
 ``record_class`` chooses the tuple type the decoder builds per batch (the consumer's message type,
 so a record is decoded straight into the object it delivers). ``read(timeout)`` returns the next
@@ -62,7 +63,9 @@ class _Window:
         return self.end - self.start
 
 
-def _windows(copy: SegmentCopy, start: int, width: int) -> list[_Window]:
+def windows_from(copy: SegmentCopy, start: int, width: int) -> list[_Window]:
+    """The copy's windows from byte ``start`` (a batch boundary) on: the first ends at the next multiple of
+    ``width``, the others are aligned. The hot-data preloader fetches the same ranges into the disk cache."""
     out = []
     while start < copy.size:
         end = min(copy.size, (start // width + 1) * width)
@@ -134,7 +137,7 @@ class PartitionStream:
         self._drop_windows()
         with self.lock:
             start = copy.position_for(self.position)
-            self.windows.extend(_windows(copy, start, self.width))
+            self.windows.extend(windows_from(copy, start, self.width))
         self._enter(copy, start)
 
     def _enter(self, copy: SegmentCopy, start: int) -> None:
@@ -173,14 +176,14 @@ class PartitionStream:
             following = None
         with self.lock:
             if following is not None and self.windows and self.windows[-1].copy is copy:
-                self.windows.extend(_windows(following, 0, self.width))
+                self.windows.extend(windows_from(following, 0, self.width))
             self.next_job = None
         if following is not None:
             self._fill()
 
     def _download(self, w: _Window) -> None:
         try:
-            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=w.start % self.width == 0)
+            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=True)
         except BaseException as exc:
             with self.pool.cond:
                 w.error, w.state = exc, IDLE
@@ -220,7 +223,7 @@ class PartitionStream:
             raise error
         self.pool.reserve(w.size)
         try:
-            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=w.start % self.width == 0)
+            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=True)
         except BaseException:
             self.pool.release(w.size)
             raise

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from deploy.stack import Endpoints
 from metadata.records import topic_id_bytes
 from reader import (
     NotInRemote,
+    PartitionStream,
     RemoteDataCorrupt,
     RemoteObjectMissing,
     RemoteReader,
@@ -20,6 +23,7 @@ from reader import (
 from segment_fsm import SegmentState
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import TieredTopic, tiered_topic
+from tests.sidecar_harness import wait_for
 from tiering_core.formats import iter_batches
 
 pytestmark = pytest.mark.integration
@@ -149,3 +153,43 @@ def test_reader_settings_accept_the_sidecar_file(tiered: TieredTopic, tmp_path: 
     settings = tiered.reader_settings()
     assert settings.bootstrap_servers == tiered.ctx.settings.bootstrap_servers
     assert settings.prefetch_pool_bytes == 256 << 20
+
+
+def test_disk_cache_serves_a_second_read_without_store_requests(tiered: TieredTopic, tmp_path: Path) -> None:
+    settings = tiered.reader_settings(disk_cache_dir=str(tmp_path / "cache"), fetch_window_bytes=64 * 1024,
+                                      prefetch_windows=0)  # fmt: skip
+    first_pass: list[tuple] = []
+    for attempt in range(2):
+        with RemoteReader.open(settings, [tiered.topic]) as reader:
+            stream = PartitionStream(reader, tiered.topic, 0, 0)
+            records = []
+            copies = reader.catalog.copies(tiered.topic, 0)[:3]
+            while stream.position <= copies[-1].end_offset:
+                for batch in stream.read(5.0):
+                    records.extend(batch.records)
+            stream.close()
+            log_requests = reader.fetcher.requests - 2 * len(copies)  # minus manifests and indexes
+            if attempt == 0:
+                assert log_requests >= len(copies)
+                first_pass = records
+            else:
+                assert log_requests == 0, "windows were downloaded again instead of read from the disk cache"
+                assert records == first_pass
+
+
+def test_hot_data_preloader_warms_committed_offsets_below_the_log_start(tiered: TieredTopic, tmp_path: Path) -> None:
+    with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as plain:
+        target = plain.catalog.copies(tiered.topic, 0)[2]
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    committer = Consumer({"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": group})
+    committer.commit(offsets=[TopicPartition(tiered.topic, 0, target.base_offset + 3)], asynchronous=False)
+    committer.close()
+    settings = tiered.reader_settings(disk_cache_dir=str(tmp_path / "cache"), fetch_window_bytes=64 * 1024,
+                                      hot_data_interval_seconds=0.5, hot_data_windows=2)  # fmt: skip
+    with RemoteReader.open(settings, [tiered.topic]) as reader:
+        assert reader.preloader is not None
+        wait_for(lambda: reader.preloader.warmed > 0, 60, "the preloader to warm the cache")
+        copy = reader.locate(tiered.topic, 0, target.base_offset + 3)
+        start = copy.position_for(target.base_offset + 3)
+        end = min(copy.size, (start // (64 * 1024) + 1) * 64 * 1024)
+        assert reader.is_cached(copy, start, end), "the window a reader of the group starts with is not cached"
