@@ -83,6 +83,7 @@ class MetadataManager:
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self._follower_error: BaseException | None = None
+        self._follow_wanted = False
         self.recovered_from: str = "empty"
 
     # -- recovery ----------------------------------------------------------------------------
@@ -148,7 +149,8 @@ class MetadataManager:
             "metadata recovered", source=self.recovered_from, segments=self.state.segment_count(),
             applied=self.state.counters.applied,
         )  # fmt: skip
-        if follow:
+        self._follow_wanted = follow
+        if follow and self.wal_partitions != set():
             self._start_follower()
 
     def _replay(self, begin: dict[int, int], end: dict[int, int], partitions: Iterable[int] | None) -> None:
@@ -180,13 +182,12 @@ class MetadataManager:
             return
         with self.lock:
             self.wal_partitions = self.wal_partitions | set(partitions)
-        following = self._follower is not None
-        if following:
+        if self._follower is not None:
             self._stop.set()
-            self._follower.join(timeout=10)  # type: ignore[union-attr]
+            self._follower.join(timeout=10)
         self._replay(self.wal.start_offsets(self.wal_partitions), self.wal.end_offsets(self.wal_partitions),
                      self.wal_partitions)  # fmt: skip
-        if following:
+        if self._follow_wanted:
             self._start_follower()
 
     def catch_up(self, timeout: float = 30.0) -> None:

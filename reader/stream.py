@@ -35,7 +35,7 @@ from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import AbortFilter
 from tiering_core.errors import FormatError
-from tiering_core.formats import BatchHeader, Record, RecordBatch, decode_batch
+from tiering_core.formats import BatchHeader, Record, RecordBatch, batch_payload, decode_payload
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -63,15 +63,69 @@ class _Window:
         return self.end - self.start
 
 
-def windows_from(copy: SegmentCopy, start: int, width: int) -> list[_Window]:
-    """The copy's windows from byte ``start`` (a batch boundary) on: the first ends at the next multiple of
-    ``width``, the others are aligned. The hot-data preloader fetches the same ranges into the disk cache."""
+RECORDS_PER_READ = 2000  # records decoded per read(): the first ones are delivered before a window is done
+FIRST_WINDOW = 256 * 1024  # a reader's first window: its records are decoded and delivered sooner
+
+
+def windows_from(copy: SegmentCopy, start: int, width: int, first: int = FIRST_WINDOW) -> list[_Window]:
+    """The copy's windows from byte ``start`` (a batch boundary) on: the first is at most ``first`` bytes
+    and ends before the next multiple of ``width``, the others are aligned. The hot-data preloader
+    fetches the same ranges into the disk cache."""
     out = []
+    limit = start + first
     while start < copy.size:
-        end = min(copy.size, (start // width + 1) * width)
+        end = min(copy.size, (start // width + 1) * width, limit)
+        limit = copy.size
         out.append(_Window(copy, start, end))
         start = end
     return out
+
+
+class _Decoding:
+    """A taken window being decoded: its bytes (carry included), whole batches, the next to decode, and
+    the batches' payloads being prepared on another thread."""
+
+    __slots__ = ("base", "data", "head", "headers", "next", "payloads", "ready", "view", "whole")
+
+    def __init__(self, head: _Window, data: bytes, view: memoryview, whole: int, base: int,
+                 headers: list[BatchHeader]) -> None:  # fmt: skip
+        self.head, self.data, self.view, self.whole, self.base, self.headers = head, data, view, whole, base, headers
+        self.next = 0
+        self.payloads: _Payloads | None = None
+
+    def payload(self, i: int) -> bytes:
+        """Batch ``i``'s records section (raises the FormatError its preparation met)."""
+        assert self.payloads is not None
+        return self.payloads.take(i)
+
+
+class _Payloads:
+    """Records sections of a window's batches, prepared in order on another thread; taken one by one as
+    they are ready, so decoding starts with the first batch while the next ones are prepared."""
+
+    def __init__(self, key: str, view: memoryview, headers: list[BatchHeader], wanted: list[int]) -> None:
+        self.key, self.view, self.headers, self.wanted = key, view, headers, wanted
+        self.ready: dict[int, bytes | Exception] = {}
+        self.cond = threading.Condition()
+
+    def run(self) -> None:
+        for i in self.wanted:
+            try:
+                item: bytes | Exception = batch_payload(self.key, self.view, self.headers[i])
+            except Exception as exc:  # raised to the reader when it takes this batch
+                item = exc
+            with self.cond:
+                self.ready[i] = item
+                self.cond.notify_all()
+
+    def take(self, i: int) -> bytes:
+        with self.cond:
+            while i not in self.ready:
+                self.cond.wait()
+            item = self.ready.pop(i)
+        if isinstance(item, Exception):
+            raise item
+        return item
 
 
 class PartitionStream:
@@ -98,6 +152,7 @@ class PartitionStream:
         self.crc: int | None = None
         self.lock = threading.Lock()
         self.next_job: Future | None = None
+        self.current: _Decoding | None = None  # the window being decoded
         self.closed = False
 
     # -- the caller's side ----------------------------------------------------------------------
@@ -108,25 +163,23 @@ class PartitionStream:
         if self.download_paused:
             self._drop_windows()
             return []
-        if self.copy is None:
-            self._begin(self.reader.locate(self.topic, self.partition, self.position))
-        self._fill()
-        head = self.windows[0]
-        if head.state == LOADING and not head.done.wait(timeout):
-            return []
+        if self.current is None:
+            if self.copy is None:
+                self._begin(self.reader.locate(self.topic, self.partition, self.position))
+            self._fill()
+            head = self.windows[0]
+            if head.state == LOADING and not head.done.wait(timeout):
+                return []
+            try:
+                self.current = self._open(head, self._take(head))
+            except BaseException:
+                self._drop_windows()  # the next read starts afresh at ``position``
+                raise
         try:
-            data = self._take(head)
-        except BaseException:
-            self._drop_windows()  # the next read starts afresh at ``position``
-            raise
-        try:
-            return self._decode(head, data)
+            return self._decode_some(self.current)
         except BaseException:
             self._drop_windows()
             raise
-        finally:
-            self.pool.release(head.size)
-            self._fill()
 
     def close(self) -> None:
         self.closed = True
@@ -231,6 +284,9 @@ class PartitionStream:
         return data
 
     def _drop_windows(self) -> None:
+        if self.current is not None:
+            self.pool.release(self.current.head.size)
+            self.current = None
         with self.lock:
             windows, self.windows = list(self.windows), deque()
             self.copy = None
@@ -240,7 +296,8 @@ class PartitionStream:
                 self._evict(w)
 
     # -- decoding -------------------------------------------------------------------------------
-    def _decode(self, head: _Window, data: bytes) -> list[RecordBatch]:
+    def _open(self, head: _Window, data: bytes) -> _Decoding:
+        """Check the window (with the carried partial batch before it) and list its whole batches."""
         copy = head.copy
         key = copy.log_key
         if self.crc is not None:
@@ -256,10 +313,27 @@ class PartitionStream:
                 raise RemoteDataCorrupt(key, 0, "CRC-32C of the object does not match the manifest")
         view = memoryview(data)[:whole]
         headers = checked_headers(key, view, base, copy.base_offset, copy.end_offset, self.last_seen)
+        cur = _Decoding(head, data, view, whole, base, headers)
+        position = self.position
+        wanted = [i for i, h in enumerate(headers) if h.last_offset >= position and not h.is_control]
+        if wanted:  # CRC checks and decompression run on a thread (the GIL released) while records decode here
+            cur.payloads = _Payloads(key, view, headers, wanted)
+            self.reader.prepare.submit(cur.payloads.run)
+        return cur
+
+    def _decode_some(self, cur: _Decoding) -> list[RecordBatch]:
+        """Decode the current window's next batches, about RECORDS_PER_READ records (so the first records
+        are delivered before a whole window is decoded); the window is finished when its batches are."""
+        key = cur.head.copy.log_key
+        view, headers = cur.view, cur.headers
         out: list[RecordBatch] = []
         position = self.position
         keep = self.filter
-        for h in headers:
+        decoded = 0
+        i = cur.next
+        while i < len(headers) and decoded < RECORDS_PER_READ:
+            h = headers[i]
+            i += 1
             if h.last_offset < position:
                 continue
             if keep is not None:
@@ -274,17 +348,28 @@ class PartitionStream:
             if not h.is_control:
                 try:
                     cls = Record if self.record_class is None else self.record_class(h)
-                    batch = decode_batch(key, view, h, cls=cls)
+                    batch = decode_payload(key, h, cur.payload(i - 1), cls)
                 except FormatError as exc:
-                    raise RemoteDataCorrupt(key, base + exc.position, exc.reason) from exc
+                    raise RemoteDataCorrupt(key, cur.base + exc.position, exc.reason) from exc
                 if h.base_offset < position:
                     batch = RecordBatch(h, [r for r in batch.records if r[0] >= position])  # Record or a message type
                 out.append(batch)
+                decoded += len(batch.records)
             position = h.last_offset + 1
         self.position = position
-        if headers:
-            self.last_seen = headers[-1].last_offset
-        self.carry = data[whole:]
+        cur.next = i
+        if i >= len(headers):
+            self._finish(cur)
+        return out
+
+    def _finish(self, cur: _Decoding) -> None:
+        """The window is decoded: keep its partial last batch, free its pool bytes, move to the next copy."""
+        head, copy = cur.head, cur.head.copy
+        if cur.headers:
+            self.last_seen = cur.headers[-1].last_offset
+        self.carry = cur.data[cur.whole :]
+        self.current = None
+        self.pool.release(head.size)
         with self.lock:
             self.windows.popleft()
             following = self.windows[0] if self.windows else None
@@ -294,4 +379,4 @@ class PartitionStream:
                 self._enter(following.copy, 0)
             else:
                 self.copy = None
-        return out
+        self._fill()

@@ -181,28 +181,39 @@ def decode_records(
     return records
 
 
-def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True,
-                 cls: type[tuple] = Record) -> RecordBatch:  # fmt: skip
-    """Check the CRC of the batch described by ``header`` and decode its records (as ``cls``, see
-    ``decode_records``)."""
+def batch_payload(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True) -> bytes:
+    """The records section of the batch described by ``header``: CRC checked, decompressed.
+
+    The costly parts run in C and release the GIL, so a reader can prepare the next batches on another
+    thread while it decodes records (``decode_payload``).
+    """
     pos = header.position
-    body = buf[pos + 21 : pos + LOG_OVERHEAD + header.length]
     if verify_crc:
-        actual = crc32c.crc32c(body)
+        actual = crc32c.crc32c(buf[pos + 21 : pos + LOG_OVERHEAD + header.length])
         if actual != header.crc:
             raise FormatError(path, pos, f"CRC-32C mismatch: stored {header.crc}, computed {actual}")
     data = bytes(buf[pos + HEADER_SIZE : pos + LOG_OVERHEAD + header.length])
     codec = header.attributes & 7
-    if codec:
-        data = decompress(codec, data, path, pos)
+    return decompress(codec, data, path, pos) if codec else data
+
+
+def decode_payload(path: str, header: BatchHeader, data: bytes, cls: type[tuple] = Record) -> RecordBatch:
+    """Decode the records of a batch from its ``batch_payload`` (as ``cls``, see ``decode_records``)."""
     append_time = header.max_timestamp if header.attributes & 0x08 else None
     try:
         records = decode_records(
             data, header.records_count, header.base_offset, header.base_timestamp, append_time, cls
         )
     except (IndexError, ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(path, pos, f"malformed records: {exc}") from exc
+        raise FormatError(path, header.position, f"malformed records: {exc}") from exc
     return RecordBatch(header, records)
+
+
+def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True,
+                 cls: type[tuple] = Record) -> RecordBatch:  # fmt: skip
+    """Check the CRC of the batch described by ``header`` and decode its records (as ``cls``, see
+    ``decode_records``)."""
+    return decode_payload(path, header, batch_payload(path, buf, header, verify_crc=verify_crc), cls)
 
 
 def iter_batches(
