@@ -114,7 +114,10 @@ class MetadataWal:
         """Wait until every partition of the topic has a leader; return the partition count."""
         deadline = time.monotonic() + self.timeout
         while True:
-            found = self._admin().list_topics(topic=self.topic, timeout=self.timeout).topics.get(self.topic)
+            try:
+                found = self._admin().list_topics(topic=self.topic, timeout=self.timeout).topics.get(self.topic)
+            except KafkaException as exc:
+                raise WalError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc.args[0].str()}") from exc
             leaders = [p.leader for p in found.partitions.values()] if found and found.error is None else []
             if leaders and min(leaders) >= 0:
                 return len(leaders)
@@ -242,11 +245,17 @@ class MetadataWal:
         while True:
             try:
                 futures = self._admin().list_offsets(wanted, request_timeout=self.timeout)
-                return {tp.partition: f.result().offset for tp, f in futures.items()}
+                found = {tp.partition: f.result().offset for tp, f in futures.items()}
             except KafkaException as exc:
-                if time.monotonic() > deadline:  # a new topic: leaders may still be moving
-                    raise WalError(f"reading the {what} offsets of {self.topic}: {exc}") from exc
-                self._wait_ready()  # also refreshes the admin client's view of the leaders
+                problem = str(exc)
+            else:  # a request that timed out answers OFFSET_INVALID (-1001), not an error
+                unanswered = sorted(p for p, offset in found.items() if offset < 0)
+                if not unanswered:
+                    return found
+                problem = f"no answer for partitions {unanswered} within {self.timeout:.0f}s"
+            if time.monotonic() > deadline:  # a new topic: leaders may still be moving
+                raise WalError(f"reading the {what} offsets of {self.topic}: {problem}")
+            self._wait_ready()  # also refreshes the admin client's view of the leaders
 
     def gap(self, partition: int, expected: int, found: str) -> WalGap:
         """The error for records missing before ``expected`` in ``partition``: what was found instead."""

@@ -201,10 +201,13 @@ class KafkaCluster:
         futures = self.admin.list_offsets(
             {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
         )
-        return {
-            (tp.topic, tp.partition): _wait(f, f"list offsets of {tp.topic}-{tp.partition}", self.timeout)
-            for tp, f in futures.items()
-        }
+        found = {}
+        for tp, future in futures.items():
+            what = f"list offsets of {tp.topic}-{tp.partition}"
+            info = found[(tp.topic, tp.partition)] = _wait(future, what, self.timeout)
+            if info.offset < 0:  # a request that timed out answers OFFSET_INVALID (-1001), not an error
+                raise KafkaClusterError(f"{what}: no answer within {self.timeout:.0f}s")
+        return found
 
     def delete_records_before(self, topic: str, partition: int, offset: int) -> int:
         """Advance the log start offset of ``topic-partition`` to ``offset`` (exclusive end).

@@ -5,12 +5,14 @@ Prometheus, a taken port is a clear error, and secret keys never show."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy import stack as stack_mod
 from deploy.procs import free_port
 from deploy.stack import Endpoints
 from tests.conftest import create_topic
@@ -26,6 +29,7 @@ from tests.fault_proxy import TcpProxy
 from tests.integration.test_sidecar_policies import SEGMENT, cli, produce, refs, running
 from tests.sidecar_harness import settings, wait_for, write_config
 from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.retry import SIDECAR
 from tiering.sidecar.runner import Sidecar
 from tiering_core.errors import ConfigError
 
@@ -136,6 +140,48 @@ def test_every_stderr_line_is_json_librdkafka_included_and_its_repeats_are_bound
     assert len(refused) <= 40, f"{len(refused)} librdkafka lines while Kafka was unreachable for ~30 s"
     assert docs[-1]["event"] == "sidecar stopped" and f"127.0.0.1:{closed}" in docs[-1]["error"]
     assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_wal_lag_is_logged_once_per_backoff_step(
+    stack: Endpoints, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kafka frozen for a while: the WAL lag is unknown on every tick, but its failure is logged (and tried)
+    once per backoff step (1 s, 2 s, 4 s ...), not on every tick, and recovers when Kafka answers again."""
+    caplog.set_level(logging.INFO)
+    config = write_config(
+        stack,
+        tmp_path,
+        remote_log_manager_task_retry_backoff_ms=1000,
+        remote_log_manager_task_retry_backoff_max_ms=60_000,
+        remote_log_manager_task_retry_jitter=0,
+    )
+    with running(config) as (ctx, sidecar):
+        sidecar.tick()
+        assert scrape_gauge(ctx, "tiering_metadata_wal_lag_records"), "the WAL lag is known while Kafka answers"
+        ctx.manager.wal.timeout = ctx.cluster.timeout = 1.0  # each request to the frozen broker fails in ~1 s
+        stack_mod.pause_broker(stack, 1)
+        ticks = 0
+        try:
+            deadline = time.monotonic() + 12
+            while time.monotonic() < deadline:
+                sidecar.tick()
+                ticks += 1
+                time.sleep(0.2)
+        finally:
+            stack_mod.unpause_broker(stack, 1)
+        failed = [r for r in caplog.records if r.levelno >= logging.WARNING and (
+                  getattr(r, "fields", {}).get("operation") == "wal_lag" or "WAL lag" in r.getMessage())]  # fmt: skip
+        assert 1 <= len(failed) <= 5, f"{len(failed)} lines for one unknown WAL lag in 12 s of {ticks} ticks"
+        assert ticks >= 3 * len(failed), f"{ticks} ticks for {len(failed)} attempts: the ticks waited for each"
+        assert [r.fields["attempts"] for r in failed] == list(range(1, len(failed) + 1))
+        assert "wal_lag" in ctx.retry.failures(SIDECAR)
+        wait_for(lambda: "wal_lag" not in ctx.retry.failures(SIDECAR), 90, "the WAL lag to be known again",
+                 step=sidecar.tick)  # fmt: skip
+
+
+def scrape_gauge(ctx: SidecarContext, name: str) -> list[float]:
+    """The values of every labelled series of ``name`` in the sidecar's registry."""
+    return [s.value for family in ctx.metrics.registry.collect() for s in family.samples if s.name == name]
 
 
 def test_status_serves_json_and_metrics_serves_prometheus(stack: Endpoints, tmp_path: Path) -> None:

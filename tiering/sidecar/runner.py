@@ -16,7 +16,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from metadata import WalError
 from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.endpoint import StatusEndpoint
@@ -101,7 +100,7 @@ class Sidecar:
         if self.ctx.manager.failure is not None:
             return  # never act on a state that stopped following the WAL; run_forever is stopping
         self.ticks += 1
-        self._update_wal_lag()
+        self.ctx.retry.run(SIDECAR, "wal_lag", self._update_wal_lag)  # unknown while Kafka is down: backs off
         if self.ctx.retry.run(SIDECAR, "tick", self._tick):
             self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
         else:  # leadership could not be confirmed: hold no lease another leader may need
@@ -146,12 +145,7 @@ class Sidecar:
                 task.refresh_lag(directory, local)
 
     def _update_wal_lag(self) -> None:
-        try:
-            lag = self.ctx.manager.wal_lag()
-        except WalError as exc:
-            log.warning("metadata WAL lag unknown this tick", error=str(exc))
-            return
-        for partition, records in lag.items():
+        for partition, records in self.ctx.manager.wal_lag().items():
             self.ctx.metrics.metadata_wal_lag.labels(wal_partition=str(partition)).set(records)
 
     def _release_leases(self, partitions: Iterable[tuple[str, int]]) -> None:
