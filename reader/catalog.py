@@ -20,16 +20,18 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from metadata import MetadataManager, MetadataWal, RemoteSegment, StoreSnapshots, snapshot_prefix
+from metadata import MetadataManager, MetadataWal, RemoteSegment, StoreSnapshots, WalError, snapshot_prefix
 from metadata.records import topic_id_bytes
 from reader.config import ReaderSettings
 from reader.errors import UnknownTopic
 from segment_fsm import SegmentState, TopicTiering
 from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError, TopicInfo
+from tiering_core.logs import get_logger
 from tiering_core.objects import SegmentRef
 from tiering_core.stores.base import RemoteStore
 
 _FINISHED = (SegmentState.COPY_SEGMENT_FINISHED,)
+log = get_logger(__name__)
 
 
 class MetadataCatalog:
@@ -45,6 +47,7 @@ class MetadataCatalog:
         self._all = topics is None
         self._infos: dict[str, TopicInfo] = {}
         self._lock = threading.Lock()
+        self.absent = False  # the cluster has no WAL topic: no sidecar ever ran
         snapshots = settings.state_dir / "snapshots" if settings.state_dir else Path(tempfile.gettempdir()) / "-none-"
         self.manager = MetadataManager(
             self.wal, snapshots, remote=StoreSnapshots(store, self.prefix),
@@ -53,14 +56,23 @@ class MetadataCatalog:
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> MetadataCatalog:
-        """Recover and start following. Raises WalError when the WAL topic does not exist (no sidecar yet)."""
-        self.wal.ensure_topic(create=False)
+        """Recover and start following. Where no sidecar ever ran (no WAL topic), nothing is remote: the
+        catalog stays empty (and a TieredConsumer is a plain consumer)."""
+        try:
+            self.wal.ensure_topic(create=False)
+        except WalError as exc:
+            log.info("no tiering metadata in this cluster: nothing is read from remote storage", reason=str(exc))
+            self.absent = True
+            return self
         if not self._all:
             self.manager.wal_partitions = self._wal_partitions(self._watched)
         self.manager.start()
         return self
 
     def close(self) -> None:
+        if self.absent:
+            self.wal.close()
+            return
         self.manager.close()
 
     def __enter__(self) -> MetadataCatalog:
@@ -72,7 +84,7 @@ class MetadataCatalog:
     def watch(self, topics: Iterable[str]) -> None:
         """Make sure the metadata of these topics is recovered and followed (cheap when it already is)."""
         new = set(topics) - self._watched
-        if not new or self._all:
+        if not new or self._all or self.absent:
             return
         self._watched |= new
         self.manager.follow_more(self._wal_partitions(new))
@@ -88,7 +100,8 @@ class MetadataCatalog:
 
     def catch_up(self, timeout: float = 30.0) -> None:
         """Wait until the WAL records written so far are applied (before concluding an offset is not remote)."""
-        self.manager.catch_up(timeout)
+        if not self.absent:
+            self.manager.catch_up(timeout)
 
     # -- topics -------------------------------------------------------------------------------
     def topic_info(self, topic: str) -> TopicInfo:

@@ -152,3 +152,19 @@ def test_consume_command_prints_remote_then_broker_records(tiered: TieredTopic) 
     assert sources[0] == "remote" and sources[-1] == "broker"
     assert sources == sorted(sources, key=lambda s: s == "broker"), "remote records after broker ones"
     assert f"Processed a total of {total} messages" in result.stderr
+
+
+def test_without_any_sidecar_it_is_a_plain_consumer(tiered: TieredTopic, stack: Endpoints) -> None:
+    from tests.conftest import create_topic
+    from tests.sidecar_harness import produce_mixed
+
+    topic = create_topic(stack.bootstrap)
+    produced = produce_mixed(stack.bootstrap, topic, 500)
+    settings = tiered.reader_settings(metadata_topic=f"__tiering_metadata_none_{uuid.uuid4().hex[:6]}")
+    config = {"bootstrap.servers": stack.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+              "auto.offset.reset": "earliest", "isolation.level": "read_committed"}  # fmt: skip
+    with TieredConsumer(config, settings) as consumer:
+        consumer.subscribe([topic])
+        messages = drain(consumer, {0: max(produced) + 2}, timeout=60)[0]
+    check(messages, produced, True)
+    assert not any(isinstance(m, TieredMessage) for m in messages)
