@@ -99,24 +99,49 @@ class _Decoding:
         return self.payloads.take(i)
 
 
-class _Payloads:
-    """Records sections of a window's batches, prepared in order on another thread; taken one by one as
-    they are ready, so decoding starts with the first batch while the next ones are prepared."""
+class _ObjectCrc:
+    """The running CRC-32C of a copy's ``.log`` read from byte 0, updated window by window in order."""
 
-    def __init__(self, key: str, view: memoryview, headers: list[BatchHeader], wanted: list[int]) -> None:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class _Payloads:
+    """A window's preparation on the prepare thread (one thread, so windows go in order): the copy's
+    running CRC-32C (checked against the manifest at the last window), then the records sections of the
+    wanted batches, taken one by one as they are ready, so decoding starts with the first batch while
+    the next ones are prepared."""
+
+    def __init__(self, key: str, view: memoryview, headers: list[BatchHeader], wanted: list[int],
+                 window: bytes, crc: _ObjectCrc | None, expected_crc: int | None) -> None:  # fmt: skip
         self.key, self.view, self.headers, self.wanted = key, view, headers, wanted
+        self.window, self.crc, self.expected_crc = window, crc, expected_crc
         self.ready: dict[int, bytes | Exception] = {}
+        self.failure: Exception | None = None
+        self.done = False
         self.cond = threading.Condition()
 
     def run(self) -> None:
+        if self.crc is not None:
+            self.crc.value = crc32c.crc32c(self.window, self.crc.value)
+            if self.expected_crc is not None and self.crc.value != self.expected_crc:
+                self.failure = RemoteDataCorrupt(self.key, 0, "CRC-32C of the object does not match the manifest")
+        self.window = b""
         for i in self.wanted:
             try:
+                if self.failure is not None:
+                    raise self.failure
                 item: bytes | Exception = batch_payload(self.key, self.view, self.headers[i])
             except Exception as exc:  # raised to the reader when it takes this batch
                 item = exc
             with self.cond:
                 self.ready[i] = item
                 self.cond.notify_all()
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
 
     def take(self, i: int) -> bytes:
         with self.cond:
@@ -126,6 +151,14 @@ class _Payloads:
         if isinstance(item, Exception):
             raise item
         return item
+
+    def check(self) -> None:
+        """Wait until the window is prepared; raise what the object's CRC check found."""
+        with self.cond:
+            while not self.done:
+                self.cond.wait()
+        if self.failure is not None:
+            raise self.failure
 
 
 class PartitionStream:
@@ -149,7 +182,7 @@ class PartitionStream:
         self.filter: AbortFilter | None = None
         self.carry = b""
         self.last_seen = -1
-        self.crc: int | None = None
+        self.crc: _ObjectCrc | None = None
         self.lock = threading.Lock()
         self.next_job: Future | None = None
         self.current: _Decoding | None = None  # the window being decoded
@@ -198,7 +231,7 @@ class PartitionStream:
         self.copy = copy
         self.carry = b""
         self.last_seen = copy.base_offset - 1
-        self.crc = 0 if start == 0 else None
+        self.crc = _ObjectCrc() if start == 0 else None
         self.blocked_at = None
         self.position = max(self.position, copy.base_offset)
         self.filter = AbortFilter(self.reader.transactions(copy), self.position) if self.read_committed else None
@@ -300,25 +333,22 @@ class PartitionStream:
         """Check the window (with the carried partial batch before it) and list its whole batches."""
         copy = head.copy
         key = copy.log_key
-        if self.crc is not None:
-            self.crc = crc32c.crc32c(data, self.crc)
+        window = data
         if self.carry:
             data = self.carry + data
         base = head.start - len(self.carry)
         whole = complete_prefix(key, data, base)
-        if head.last:
-            if whole != len(data):
-                raise RemoteDataCorrupt(key, base + whole, "the object ends inside a batch")
-            if self.crc is not None and self.crc != copy.manifest.log_crc32c:
-                raise RemoteDataCorrupt(key, 0, "CRC-32C of the object does not match the manifest")
+        if head.last and whole != len(data):
+            raise RemoteDataCorrupt(key, base + whole, "the object ends inside a batch")
         view = memoryview(data)[:whole]
         headers = checked_headers(key, view, base, copy.base_offset, copy.end_offset, self.last_seen)
         cur = _Decoding(head, data, view, whole, base, headers)
         position = self.position
         wanted = [i for i, h in enumerate(headers) if h.last_offset >= position and not h.is_control]
-        if wanted:  # CRC checks and decompression run on a thread (the GIL released) while records decode here
-            cur.payloads = _Payloads(key, view, headers, wanted)
-            self.reader.prepare.submit(cur.payloads.run)
+        # CRC checks and decompression run on another thread (the GIL released) while records decode here
+        expected = copy.manifest.log_crc32c if head.last else None
+        cur.payloads = _Payloads(key, view, headers, wanted, window, self.crc, expected)
+        self.reader.prepare.submit(cur.payloads.run)
         return cur
 
     def _decode_some(self, cur: _Decoding) -> list[RecordBatch]:
@@ -365,6 +395,8 @@ class PartitionStream:
     def _finish(self, cur: _Decoding) -> None:
         """The window is decoded: keep its partial last batch, free its pool bytes, move to the next copy."""
         head, copy = cur.head, cur.head.copy
+        if head.last and cur.payloads is not None:
+            cur.payloads.check()
         if cur.headers:
             self.last_seen = cur.headers[-1].last_offset
         self.carry = cur.data[cur.whole :]

@@ -193,3 +193,24 @@ def test_hot_data_preloader_warms_committed_offsets_below_the_log_start(tiered: 
         start = copy.position_for(target.base_offset + 3)
         end = min(copy.size, (start // (64 * 1024) + 1) * 64 * 1024)
         assert reader.is_cached(copy, start, end), "the window a reader of the group starts with is not cached"
+
+
+def test_stream_checks_the_whole_objects_crc_where_batch_crcs_cannot_see(tiered: TieredTopic) -> None:
+    """The leader epoch in a batch header is outside the batch CRC: only the object's CRC-32C catches it."""
+    with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
+        copy = reader.locate(tiered.topic, 0, reader.catalog.copies(tiered.topic, 0)[5].base_offset)
+        store = reader.fetcher.store
+        original = store.get_bytes(copy.log_key)
+        damaged = bytearray(original)
+        damaged[12] ^= 0x01  # the first batch's partitionLeaderEpoch
+        store.put_bytes(copy.log_key, bytes(damaged))
+        try:
+            stream = PartitionStream(reader, tiered.topic, 0, copy.base_offset)
+            delivered = []
+            with pytest.raises(RemoteDataCorrupt, match="CRC-32C of the object does not match the manifest"):
+                while stream.position <= copy.end_offset:
+                    delivered += stream.read(5.0)
+            assert not delivered, "records of a copy that fails its manifest were delivered"
+            stream.close()
+        finally:
+            store.put_bytes(copy.log_key, original)
