@@ -17,8 +17,10 @@ never a hang.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
+import socket
 import subprocess
 import urllib.parse
 from pathlib import Path
@@ -40,6 +42,7 @@ TESTCONTAINERS_ENV = {
     "TESTCONTAINERS_HOST_OVERRIDE": "127.0.0.1",
     "TESTCONTAINERS_CONNECTION_MODE": "docker_host",
 }
+IDLE_SECONDS = 600
 INSTALL_HINT = "install podman and runc from Debian (apt-get install podman runc; deploy/setup.sh does it)"
 
 
@@ -82,23 +85,26 @@ def run(*args: str, timeout: float = 120, what: str = "") -> str:
     return result.stdout
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket, with a timeout on connect and on every read."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path)
+        self.sock = sock
+
+
 def answers(docker_host: str, timeout: float = 5.0) -> bool:
     """True when the Docker-compatible API at ``docker_host`` (``unix:///path``) answers ``/_ping``."""
-    import http.client
-    import socket
-
     url = urllib.parse.urlparse(docker_host)
     if url.scheme != "unix":
         raise StackError(f"DOCKER_HOST={docker_host}: the containers backend takes a unix:// socket")
-
-    class _UnixConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            sock.connect(url.path)
-            self.sock = sock
-
-    conn = _UnixConnection("localhost", timeout=timeout)
+    conn = _UnixConnection(url.path, timeout)
     try:
         conn.request("GET", "/_ping")
         return conn.getresponse().status == 200
@@ -139,7 +145,9 @@ def _start_service(sock: Path, host: str, timeout: float) -> None:
     sock.unlink(missing_ok=True)
     log = podman_dir() / "service.log"
     env = {"CONTAINERS_CONF": engine_env()["CONTAINERS_CONF"]}
-    pid = spawn([podman_binary(), "system", "service", "--time=0", host], log, env=env)
+    # It exits after IDLE_SECONDS without API calls (nothing is left running after a test run or CI);
+    # the next call starts it again.
+    pid = spawn([podman_binary(), "system", "service", f"--time={IDLE_SECONDS}", host], log, env=env)
     (podman_dir() / "service.pid").write_text(str(pid))
     wait_ready("podman system service", pid, lambda: answers(host), log, timeout=timeout)
 

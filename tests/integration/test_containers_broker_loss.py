@@ -3,24 +3,31 @@ container beside each broker, reading that broker's log dir through a read-only 
 deploy/k8s/). While the sidecars are uploading, the partition leader's pod (its broker's and its
 sidecar's containers) is stopped, or paused (every process frozen, sockets open; let run again once
 the new leader uploads): no offset is lost, no segment is FINISHED twice, the uploads continue from the
-new leader's sidecar, and the old leader's records are fenced.
+new leader's sidecar, and the old leader's records are fenced. A catch-up reader (``TieredConsumer``)
+reads the partition from offset 0 meanwhile, through remote copies and then the brokers: it gets
+every record once, byte for byte.
 
 Runs on the containers backend only (TIERING_TEST_BACKEND=containers; the containers pass of .ci/run).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from deploy import container_stack
 from deploy import stack as stack_mod
 from deploy.stack import Endpoints
 from metadata import SegmentRecord
+from reader.config import load_reader_settings
+from reader.consumer import TieredConsumer
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.integration.test_sidecar_failover import produce
@@ -35,37 +42,89 @@ SEGMENT_BYTES = 64 * 1024
 UPLOAD_RATE = 100_000  # bytes/s per sidecar: ~0.7 s a segment, so uploads are in flight at the fault
 
 
+@dataclass
+class Pod:
+    """What the fixture started: the sidecar containers, and the host's view of their configuration
+    and metadata (an observer that never uploads)."""
+
+    config: Path
+    observer: SidecarContext
+    sidecars: list[container_stack.SidecarContainer]
+
+    def sidecar(self, broker_id: int) -> container_stack.SidecarContainer:
+        return next(c for c in self.sidecars if c.broker_id == broker_id)
+
+
 @pytest.fixture
-def sidecars(stack3: Endpoints, tmp_path: Path) -> Iterator[tuple[Path, list[container_stack.SidecarContainer]]]:
-    """A sidecar container beside each broker, sharing one prefix and metadata topic; yields the host's
-    view of their configuration (for the observer and the CLI) and the containers."""
+def pods(stack3: Endpoints, tmp_path: Path) -> Iterator[Pod]:
+    """A sidecar container beside each broker, sharing one prefix and metadata topic. The observer
+    starts first, so the metadata topic exists before any sidecar looks for it."""
     prefix, metadata_topic = f"it-{uuid.uuid4().hex[:8]}", f"__tiering_metadata_{uuid.uuid4().hex[:8]}"
     host_config = write_config(stack3, tmp_path, broker=1, prefix=prefix, metadata_topic=metadata_topic)
-    started: list[container_stack.SidecarContainer] = []
+    observer = SidecarContext.build(settings(host_config), writes_snapshots=False)
+    observer.manager.start()
+    pod = Pod(host_config, observer, [])
     try:
         for b in stack3.brokers:
             config = container_stack.sidecar_config(
                 stack3, b.id, remote_storage={"prefix": prefix}, metadata_topic=metadata_topic, metadata_partitions=4,
                 rescan_interval_seconds=1, upload_bytes_per_second=UPLOAD_RATE,
             )  # fmt: skip
-            started.append(container_stack.start_sidecar(stack3, b.id, config))
-        yield host_config, started
+            pod.sidecars.append(container_stack.start_sidecar(stack3, b.id, config))
+        yield pod
     finally:
-        for sidecar in started:
+        for sidecar in pod.sidecars:
             (tmp_path / f"{sidecar.name}.log").write_text(container_stack.remove_sidecar(sidecar))
+        observer.manager.close()
+
+
+@dataclass
+class CatchUpReader:
+    """A ``TieredConsumer`` reading one partition from offset 0 up to ``end`` in a thread, a little
+    slowed down, so its reads are in flight while a broker goes away."""
+
+    bootstrap: str
+    topic: str
+    config: Path
+    end: int
+    got: dict[int, bytes | None] = field(default_factory=dict)
+    twice: list[int] = field(default_factory=list)
+    failure: BaseException | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        consumer_config = {"bootstrap.servers": self.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                           "enable.auto.commit": False}  # fmt: skip
+        try:
+            with TieredConsumer(consumer_config, load_reader_settings(self.config)) as consumer:
+                consumer.assign([TopicPartition(self.topic, 0, 0)])
+                while not self.stop.is_set() and len(self.got) < self.end:
+                    message = consumer.poll(0.5)
+                    if message is None or message.error() is not None:
+                        continue  # errors while a broker is away are retried by the consumer
+                    if message.offset() in self.got:
+                        self.twice.append(message.offset())
+                    self.got[message.offset()] = message.value()
+                    time.sleep(0.001)
+        except BaseException as exc:
+            self.failure = exc
 
 
 @pytest.mark.parametrize("fault", ["stop", "pause"])
-def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
-    stack3: Endpoints, sidecars: tuple[Path, list[container_stack.SidecarContainer]], tmp_path: Path, fault: str
+def test_leader_pod_lost_during_uploads_and_catch_up_reads_loses_nothing(
+    stack3: Endpoints, pods: Pod, fault: str
 ) -> None:
-    host_config, containers = sidecars
+    observer = pods.observer
     topic = create_topic(stack3.bootstrap, replication=3, internal_segment_bytes=SEGMENT_BYTES, min_insync_replicas=2)
     produced: dict[int, bytes] = {}
     produce(stack3.bootstrap, topic, 0, 20_000, produced)
-    cli("topic", "enable", topic, "--local-retention-bytes", str(4 * SEGMENT_BYTES), "--config", str(host_config))
-    observer = SidecarContext.build(settings(host_config), writes_snapshots=False)
-    observer.manager.start()
+    cli("topic", "enable", topic, "--local-retention-bytes", str(4 * SEGMENT_BYTES), "--config", str(pods.config))
+    reader = CatchUpReader(stack3.bootstrap, topic, pods.config, end=30_000)
     old_leader = None
     try:
         wait_for(lambda: observer.manager.topic_state(topic) is not None, 60, "the sidecars to see the topic")
@@ -74,17 +133,19 @@ def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
         assert old_leader is not None
         old_epoch = observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].leader_epoch
         wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
+        reading = reader.start()
         in_flight = observer.manager.partition_state(topic_id, 0)
         assert in_flight is not None and in_flight.remote_end_offset is not None
         assert in_flight.remote_end_offset < max(produced) - 10 * 64, "uploads were not in flight at the fault"
 
-        old_sidecar = next(c for c in containers if c.broker_id == old_leader)
+        old_sidecar = pods.sidecar(old_leader)
         if fault == "stop":
             stack_mod.kill_broker(stack3, old_leader, hard=False)
             assert container_stack.stop_sidecar(old_sidecar) == 0, "the sidecar did not stop cleanly"
         else:
             container_stack.pause_sidecar(old_sidecar)
             stack_mod.pause_broker(stack3, old_leader)
+        assert reading.is_alive() and len(reader.got) < 20_000, "the catch-up reads were not in flight at the fault"
         ry_at_fault = observer.manager.partition_state(topic_id, 0).remote_end_offset
         produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
         new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
@@ -108,11 +169,19 @@ def test_leader_broker_lost_during_uploads_loses_nothing_and_uploads_continue(
             container_stack.unpause_sidecar(old_sidecar)
             time.sleep(5)  # several rescans of the woken sidecar
         finished = observer.manager.segments(topic_id, 0, FINISHED)
+        reading.join(240)
     finally:
+        reader.stop.set()
         if old_leader is not None:  # the session's cluster whole again for the next test
             stack_mod.unpause_broker(stack3, old_leader)
             stack_mod.restart_broker(stack3, old_leader)
-        observer.manager.close()
+
+    assert reader.failure is None, f"the catch-up reader failed: {reader.failure!r}"
+    assert not reader.twice, f"the catch-up reader got offsets twice: {reader.twice[:10]}"
+    missing = sorted(set(range(30_000)) - set(reader.got))
+    assert not missing, f"the catch-up reader missed {len(missing)} offsets, the first {missing[:5]}"
+    differ = [o for o in range(30_000) if reader.got[o] != produced[o]]
+    assert not differ and len(reader.got) == 30_000, f"the catch-up reader's records differ at {differ[:5]}"
 
     assert len({s.leader_epoch for s in finished}) >= 2, "no copy was made by the new leader"
     remote: dict[int, bytes | None] = {}
