@@ -34,6 +34,7 @@ from tests.integration.test_sidecar_failover import produce
 from tests.integration.test_sidecar_policies import cli
 from tests.sidecar_harness import decoded_offsets, settings, wait_for, write_config
 from tiering.sidecar.context import SidecarContext
+from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.objects import SegmentRef
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers_only]
@@ -89,6 +90,7 @@ class CatchUpReader:
     end: int
     got: dict[int, bytes | None] = field(default_factory=dict)
     twice: list[int] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
     failure: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -104,7 +106,12 @@ class CatchUpReader:
             with TieredConsumer(consumer_config, load_reader_settings(self.config)) as consumer:
                 consumer.assign([TopicPartition(self.topic, 0, 0)])
                 while not self.stop.is_set() and len(self.got) < self.end:
-                    message = consumer.poll(0.5)
+                    try:
+                        message = consumer.poll(0.5)
+                    except KafkaClusterError as exc:  # "retry later": e.g. FENCED_LEADER_EPOCH mid-election
+                        self.retried.append(str(exc))
+                        time.sleep(0.5)
+                        continue
                     if message is None or message.error() is not None:
                         continue  # errors while a broker is away are retried by the consumer
                     if message.offset() in self.got:
@@ -145,7 +152,7 @@ def test_leader_pod_lost_during_uploads_and_catch_up_reads_loses_nothing(
         else:
             container_stack.pause_sidecar(old_sidecar)
             stack_mod.pause_broker(stack3, old_leader)
-        assert reading.is_alive() and len(reader.got) < 20_000, "the catch-up reads were not in flight at the fault"
+        assert reading.is_alive() and len(reader.got) < 20_000, f"reads not in flight at the fault: {reader.failure!r}"
         ry_at_fault = observer.manager.partition_state(topic_id, 0).remote_end_offset
         produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
         new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
