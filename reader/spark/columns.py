@@ -72,10 +72,12 @@ class ColumnBuilder:
         self.timestamps = array("q")
         self.ts_types = array("i")
         self.key_bounds = array("i")
-        self.key_null = bytearray()
         self.value_bounds = array("i")
-        self.value_null = bytearray()
-        self.header_ends = array("i", [0])
+        # Rare cases are recorded sparsely (row numbers), so the common record costs no append for them.
+        self.null_keys = array("q")
+        self.null_values = array("q")
+        self.header_rows = array("q")
+        self.header_counts = array("i")
         self.hkey_bounds = array("i")
         self.hvalue_bounds = array("i")
         self.hvalue_null = bytearray()
@@ -91,27 +93,32 @@ class ColumnBuilder:
     def add_batch(self, header: BatchHeader, records: bytes | memoryview) -> None:
         """Append the decoded records of one batch (``records``: its uncompressed records section).
 
-        Raises ValueError or IndexError on malformed records; the caller names the object and position.
+        Varints of one and two bytes (nearly every length, delta and count) are decoded inline; longer
+        ones by ``_varint``. Raises ValueError or IndexError on malformed records; the caller names the
+        object and position.
         """
         data = self.data
         pos = len(data)
         data += records
         end = len(data)
+        first_row = len(self.offsets)
         base_offset = header.base_offset
         append_time = header.attributes & 0x08
         base_ts = header.max_timestamp if append_time else header.base_timestamp
         offsets = self.offsets.append
         timestamps = self.timestamps.append
         key_bounds = self.key_bounds.append
-        key_null = self.key_null.append
         value_bounds = self.value_bounds.append
-        value_null = self.value_null.append
         slow = _varint
-        for _ in range(header.records_count):
+        for row in range(first_row, first_row + header.records_count):
             b = data[pos]
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:
+                u = (b & 0x7F) | (data[pos + 1] << 7)
+                length = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 length, pos = slow(data, pos)
             record_end = pos + length
@@ -122,48 +129,62 @@ class ColumnBuilder:
             if b < 0x80:
                 ts_delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:
+                u = (b & 0x7F) | (data[pos + 1] << 7)
+                ts_delta = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 ts_delta, pos = slow(data, pos)
             b = data[pos]
             if b < 0x80:
                 off_delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:
+                u = (b & 0x7F) | (data[pos + 1] << 7)
+                off_delta = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 off_delta, pos = slow(data, pos)
             b = data[pos]
             if b < 0x80:
                 klen = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:
+                u = (b & 0x7F) | (data[pos + 1] << 7)
+                klen = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 klen, pos = slow(data, pos)
             key_bounds(pos)
-            if klen < 0:
-                if klen != -1:
-                    raise ValueError(f"key length {klen}")
-                key_null(0)
-            else:
+            if klen >= 0:
                 pos += klen
-                key_null(1)
+            elif klen == -1:
+                self.null_keys.append(row)
+            else:
+                raise ValueError(f"key length {klen}")
             key_bounds(pos)
             b = data[pos]
             if b < 0x80:
                 vlen = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:
+                u = (b & 0x7F) | (data[pos + 1] << 7)
+                vlen = (u >> 1) ^ -(u & 1)
+                pos += 2
             else:
                 vlen, pos = slow(data, pos)
             value_bounds(pos)
-            if vlen < 0:
-                if vlen != -1:
-                    raise ValueError(f"value length {vlen}")
-                value_null(0)
-            else:
+            if vlen >= 0:
                 pos += vlen
-                value_null(1)
+            elif vlen == -1:
+                self.null_values.append(row)
+            else:
+                raise ValueError(f"value length {vlen}")
             value_bounds(pos)
             if data[pos] == 0:
                 pos += 1
-                self.header_ends.append(self.header_ends[-1])
             else:
+                self.header_rows.append(row)
                 pos = self._headers(data, pos)
             if pos != record_end:
                 raise ValueError(f"record declared {length} bytes but its fields span {pos - record_end + length}")
@@ -192,7 +213,7 @@ class ColumnBuilder:
                 pos += vlen
                 self.hvalue_null.append(1)
             self.hvalue_bounds.append(pos)
-        self.header_ends.append(self.header_ends[-1] + count)
+        self.header_counts.append(count)
         return pos
 
     def flush(self, first_offset: int | None = None, last_offset: int | None = None) -> pa.RecordBatch | None:
@@ -205,7 +226,7 @@ class ColumnBuilder:
             return None
         data = pa.py_buffer(self.data)
         headers = pa.ListArray.from_arrays(
-            _int32(self.header_ends),
+            _list_offsets(n, self.header_rows, self.header_counts),
             pa.StructArray.from_arrays(
                 [
                     _cut(data, self.hkey_bounds, None).cast(pa.string()),
@@ -215,8 +236,8 @@ class ColumnBuilder:
             ),
         )
         columns = [
-            _cut(data, self.key_bounds, self.key_null),
-            _cut(data, self.value_bounds, self.value_null),
+            _cut(data, self.key_bounds, _present(n, self.null_keys)),
+            _cut(data, self.value_bounds, _present(n, self.null_values)),
             _repeat_string(self.topic, n),
             pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(array("i", [self.partition]) * n)]),
             _int64(self.offsets),
@@ -236,6 +257,26 @@ class ColumnBuilder:
             batch = batch.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less_equal(offsets, hi)))
         self._reset()
         return batch
+
+
+def _present(n: int, null_rows: array) -> bytearray | None:
+    """A 1/0 byte per row (0: null) from the sparse null row numbers; None when nothing is null."""
+    if not null_rows:
+        return None
+    present = bytearray(b"\x01") * n
+    for row in null_rows:
+        present[row] = 0
+    return present
+
+
+def _list_offsets(n: int, rows: array, counts: array) -> pa.Array:
+    """List offsets for ``n`` rows where only ``rows`` have entries (``counts`` of them each)."""
+    if not rows:
+        return pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
+    per_row = array("i", bytes(4 * (n + 1)))
+    for row, count in zip(rows, counts, strict=True):
+        per_row[row + 1] = count
+    return pc.cumulative_sum(_int32(per_row))
 
 
 def records_section(buf: bytes | memoryview, header: BatchHeader, position: int) -> memoryview:
@@ -258,7 +299,7 @@ def _cut(data: pa.Buffer, bounds: array, present: bytearray | None) -> pa.Array:
         return pa.array([], pa.binary())
     spans = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), data])
     fields = spans.take(_int32(array("i", range(0, 2 * n, 2))))
-    if present is None or 0 not in present:
+    if present is None:
         return fields
     validity = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(present)]).cast(pa.bool_())
     return pa.Array.from_buffers(pa.binary(), n, [validity.buffers()[1], *fields.buffers()[1:]])

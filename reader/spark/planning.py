@@ -17,10 +17,13 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from reader.spark.listing import Copy, RemotePartition
-from reader.spark.slices import SegmentSlice
+from reader.spark.slices import SegmentSlice, read_slice
 from tiering_core.errors import TieringError
-from tiering_core.formats import decode_batch, parse_offset_index, parse_time_index, parse_txn_index, scan_headers
+from tiering_core.formats import parse_offset_index, parse_time_index, parse_txn_index
 from tiering_core.formats.indexes import parse_producer_snapshot
 from tiering_core.stores.base import RemoteStore
 
@@ -99,14 +102,14 @@ def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int
         below = [e.offset for e in parse_time_index(index_part(store, copy, "time"), copy.manifest.base_offset)
                  if e.timestamp < timestamp]  # fmt: skip
         start_at = max(copy.first, below[-1] + 1 if below else copy.first)
-        position = _position_at_or_before(store, copy, start_at)
-        data = store.get_range(copy.log_key, position, copy.manifest.log_size - 1)
-        for header in scan_headers(copy.log_key, data):
-            if header.last_offset < start_at or header.max_timestamp < timestamp or header.is_control:
-                continue
-            for record in decode_batch(copy.log_key, data, header).records:
-                if record.offset >= start_at and record.timestamp >= timestamp:
-                    return min(record.offset, stable + 1)
+        part = SegmentSlice(rp.topic, rp.partition, copy.log_key, _position_at_or_before(store, copy, start_at),
+                            copy.manifest.log_size, start_at, copy.last)  # fmt: skip
+        threshold = pa.scalar(timestamp * 1000, pa.timestamp("us", tz="UTC"))
+        for batch in read_slice(store, part):  # windowed reads: memory stays bounded
+            late = pc.greater_equal(batch.column("timestamp"), threshold)
+            index = pc.index(late, True).as_py()
+            if index >= 0:
+                return min(batch.column("offset")[index].as_py(), stable + 1)
     return stable + 1
 
 

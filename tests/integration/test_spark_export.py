@@ -215,6 +215,23 @@ def test_json_values_become_columns_and_other_values_go_to_corrupt(
         assert rows[offset]["value"] == tiered.produced[offset][1]
 
 
+def test_timestamps_select_the_offsets_kafka_would(tiered: Tiered, spark: SparkSession, tmp_path: Path) -> None:
+    """--from/--to times: from the earliest offset whose timestamp is >= the start (ListOffsets by time),
+    up to before the earliest offset whose timestamp is >= the end."""
+    base = run_export(spark, request(tiered, "parquet", tmp_path / "all", ending={0: 6000}))
+    table = pads.dataset(str(tmp_path / "all"), format="parquet", partitioning="hive").to_table()
+    rows = sorted((r["offset"], int(r["timestamp"].timestamp() * 1000)) for r in table.to_pylist())
+    assert base.rows == len(rows)
+    start_ts, end_ts = rows[len(rows) // 3][1], rows[2 * len(rows) // 3][1]
+    first = min(o for o, ts in rows if ts >= start_ts)
+    stop = min(o for o, ts in rows if ts >= end_ts)
+    timed = run_export(spark, request(tiered, "parquet", tmp_path / "timed", ending={0: 6000},
+                                      starting_timestamp=start_ts, ending_timestamp=end_ts))  # fmt: skip
+    (rng,) = timed.ranges
+    assert (rng.first, rng.last) == (first, stop - 1)
+    assert timed.rows == len(tiered.committed(stop - 1, first))
+
+
 def _first_log_key(tiered: Tiered) -> str:
     store = open_store(tiered.settings.remote_storage)
     keys = sorted(
