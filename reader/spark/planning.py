@@ -103,7 +103,8 @@ def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int
                  if e.timestamp < timestamp]  # fmt: skip
         start_at = max(copy.first, below[-1] + 1 if below else copy.first)
         part = SegmentSlice(rp.topic, rp.partition, copy.log_key, _position_at_or_before(store, copy, start_at),
-                            copy.manifest.log_size, start_at, copy.last)  # fmt: skip
+                            copy.manifest.log_size, start_at, copy.last,
+                            copy_offsets=(copy.manifest.base_offset, copy.manifest.end_offset))  # fmt: skip
         threshold = pa.scalar(timestamp * 1000, pa.timestamp("us", tz="UTC"))
         for batch in read_slice(store, part):  # windowed reads: memory stays bounded
             late = pc.greater_equal(batch.column("timestamp"), threshold)
@@ -166,7 +167,7 @@ def _copy_slices(
     whole = first == m.base_offset and last >= m.end_offset
     if whole and m.log_size <= max_slice_bytes:
         return [SegmentSlice(rng.topic, rng.partition, copy.log_key, 0, m.log_size, first, last, mine,
-                             m.log_size, m.log_crc32c)]  # fmt: skip
+                             m.log_size, m.log_crc32c, (m.base_offset, m.end_offset))]  # fmt: skip
     offsets, positions = _offset_index(store, copy)
     i = bisect.bisect_right(offsets, first) - 1
     start = positions[i] if i >= 0 else 0
@@ -178,6 +179,8 @@ def _copy_slices(
             bounds.append(p)
     bounds.append(end)
     return [
-        SegmentSlice(rng.topic, rng.partition, copy.log_key, a, b, first, last, mine)
+        SegmentSlice(
+            rng.topic, rng.partition, copy.log_key, a, b, first, last, mine, copy_offsets=(m.base_offset, m.end_offset)
+        )
         for a, b in itertools.pairwise(bounds)
     ]

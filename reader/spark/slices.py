@@ -33,6 +33,8 @@ class SegmentSlice(InputPartition):
 
     ``aborted`` holds (producer id, first offset, last offset) of every aborted transaction whose
     range meets the slice. ``object_size``/``object_crc32c`` are set when the slice is the whole object.
+    ``copy_offsets`` are the offsets the copy's manifest says it holds: a batch outside them, or one not
+    after the batch before it, is corrupt (a batch's CRC does not cover its base offset).
     """
 
     topic: str
@@ -45,6 +47,7 @@ class SegmentSlice(InputPartition):
     aborted: tuple[tuple[int, int, int], ...] = ()
     object_size: int | None = None
     object_crc32c: int | None = None
+    copy_offsets: tuple[int, int] | None = None
 
 
 def _is_aborted(aborted: tuple[tuple[int, int, int], ...], producer_id: int, offset: int) -> bool:
@@ -64,6 +67,8 @@ def read_slice(
     pos = part.start
     buf = b""
     buf_start = pos
+    low, high = part.copy_offsets or (0, 2**63 - 1)
+    previous = low - 1
     while pos < part.end:
         local = pos - buf_start
         if len(buf) - local < HEADER_SIZE:
@@ -84,6 +89,12 @@ def read_slice(
         if part.object_size is not None:
             crc = crc32c.crc32c(memoryview(buf)[local : local + size], crc)
         last = header.base_offset + header.last_offset_delta
+        if header.base_offset <= previous or last > high:
+            raise SegmentReadError(
+                part.key, pos, f"batch offsets {header.base_offset}-{last} are not after {previous} and within "
+                f"the copy's {low}-{high}",
+            )  # fmt: skip
+        previous = last
         wanted = (
             last >= part.first_offset
             and header.base_offset <= part.last_offset
@@ -112,8 +123,13 @@ def read_slice(
 
 
 def _fetch(store: RemoteStore, part: SegmentSlice, pos: int, length: int) -> bytes:
+    """Bytes ``[pos, pos + length)`` of the slice; the last GET of a whole object asks one byte more, so an
+    object longer than its manifest says shows."""
     end = min(part.end, pos + max(length, HEADER_SIZE))
-    data = store.get_range(part.key, pos, end - 1)
+    probe = part.object_size is not None and end == part.end
+    data = store.get_range(part.key, pos, end if probe else end - 1)
+    if probe and len(data) > end - pos:
+        raise SegmentReadError(part.key, end, f"the object is longer than the {part.object_size} bytes of its manifest")
     if len(data) != end - pos:
         raise SegmentReadError(
             part.key, pos, f"object ends early: asked for bytes {pos}-{end - 1}, got {len(data)} bytes"

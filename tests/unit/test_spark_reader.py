@@ -102,6 +102,15 @@ def test_corrupt_truncated_or_missing_object_is_an_error_naming_the_key(store: F
     part = SegmentSlice("t", 3, KEY, 0, len(data), 0, 10_000, (), len(data), crc32c.crc32c(data))
     with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*(CRC-32C mismatch|malformed)"):
         list(read_slice(store, part))
+    store.put_bytes(KEY, data + b"\x00" * 10)
+    with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*longer than"):
+        list(read_slice(store, part))
+    moved = bytearray(data)
+    moved[6] ^= 0x40  # the first batch's base offset: not covered by its CRC
+    store.put_bytes(KEY, bytes(moved))
+    split = SegmentSlice("t", 3, KEY, 0, len(data), 0, 10_000, (), copy_offsets=(0, 1000))
+    with pytest.raises(SegmentReadError, match=f"{KEY} at byte 0: batch offsets 16384-"):
+        list(read_slice(store, split))
     store.put_bytes(KEY, data[:-100])
     with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*(ends early|cut short)"):
         list(read_slice(store, part))
