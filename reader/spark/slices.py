@@ -1,4 +1,4 @@
-"""One input partition of the data source: a byte range of one remote ``.log``, read in windows.
+"""The data source's input: byte ranges of remote ``.log`` objects (slices), read in windows.
 
 A slice is planned on the driver (``planning.py``) and read on an executor, which fetches its bytes
 itself with ranged GETs of at most ``window_bytes`` (plus one batch that crosses a window's end), so
@@ -28,7 +28,7 @@ class SegmentReadError(FormatError):
 
 
 @dataclass(frozen=True)
-class SegmentSlice(InputPartition):
+class SegmentSlice:
     """Bytes ``[start, end)`` of the object ``key``; rows with offsets in ``[first_offset, last_offset]``.
 
     ``aborted`` holds (producer id, first offset, last offset) of every aborted transaction whose
@@ -48,6 +48,35 @@ class SegmentSlice(InputPartition):
     object_size: int | None = None
     object_crc32c: int | None = None
     copy_offsets: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class SlicePack(InputPartition):
+    """One input partition: consecutive slices of one topic partition, read one after the other.
+
+    A segment is a slice of its own (a large one is split); consecutive small segments are packed up
+    to the slice size, as Spark's file sources pack small files: a task per 4 MiB segment costs more
+    in scheduling and output files than its read.
+    """
+
+    slices: tuple[SegmentSlice, ...]
+
+
+def pack_slices(slices: list[SegmentSlice], max_bytes: int) -> list[SlicePack]:
+    """Group consecutive slices of the same partition into packs of at most ``max_bytes`` (a slice larger
+    than that is a pack of its own)."""
+    packs: list[list[SegmentSlice]] = []
+    size = 0
+    for part in slices:
+        length = part.end - part.start
+        last = packs[-1][-1] if packs else None
+        if last is None or (last.topic, last.partition) != (part.topic, part.partition) or size + length > max_bytes:
+            packs.append([part])
+            size = length
+        else:
+            packs[-1].append(part)
+            size += length
+    return [SlicePack(tuple(p)) for p in packs]
 
 
 def _is_aborted(aborted: tuple[tuple[int, int, int], ...], producer_id: int, offset: int) -> bool:

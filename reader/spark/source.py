@@ -2,8 +2,8 @@
 
 ``spark.read.format("kafka_tiered").option("subscribe", "orders").option("store.bucket", ...).load()``
 gives Spark's Kafka source schema. The driver lists the remote copies and plans one input partition
-per segment (large ones split at batch boundaries); each executor fetches its segment bytes from the
-store itself and yields Arrow RecordBatches. No broker is involved. Committed data only: control
+per segment (large ones split at batch boundaries, consecutive small ones packed); each executor
+fetches its segment bytes from the store itself and yields Arrow RecordBatches. No broker is involved. Committed data only: control
 batches and aborted transactions are dropped, and the read ends at the remote data's stable end.
 """
 
@@ -20,7 +20,7 @@ from reader.spark.columns import SPARK_SCHEMA
 from reader.spark.listing import RemotePartition, list_remote_partitions
 from reader.spark.options import ReadOptions, parse_options
 from reader.spark.planning import PartitionRange, plan_slices, resolve_range
-from reader.spark.slices import SegmentSlice, read_slice
+from reader.spark.slices import SlicePack, pack_slices, read_slice
 from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
 
@@ -62,12 +62,14 @@ class TieredReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         store = shared_store(self.opts)
         partitions, ranges = plan(self.opts, store)
-        return plan_slices(store, partitions, ranges, self.opts.max_slice_bytes)
+        slices = plan_slices(store, partitions, ranges, self.opts.max_slice_bytes)
+        return pack_slices(slices, self.opts.max_slice_bytes)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentSlice)
-        yield from read_slice(shared_store(self.opts), partition, window_bytes=self.opts.window_bytes,
-                              max_rows=self.opts.max_rows_per_batch)  # fmt: skip
+        assert isinstance(partition, SlicePack)
+        for part in partition.slices:
+            yield from read_slice(shared_store(self.opts), part, window_bytes=self.opts.window_bytes,
+                                  max_rows=self.opts.max_rows_per_batch)  # fmt: skip
 
 
 class KafkaTieredDataSource(DataSource):

@@ -13,7 +13,7 @@ import pytest
 from reader.spark.listing import choose_copies, split_topic_dir
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput
-from reader.spark.slices import SegmentReadError, SegmentSlice, read_slice
+from reader.spark.slices import SegmentReadError, SegmentSlice, pack_slices, read_slice
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.errors import ConfigError
 from tiering_core.formats import iter_batches
@@ -176,3 +176,13 @@ def test_parquet_commit_marker_last_and_uncommitted_files_removed(tmp_path: Path
     pq.write_table(pa.table({"offset": [4]}), orphan)
     assert out.remove_uncommitted() == ["partition=0/date=2026-01-01/run2-part-00000-y.c000.snappy.parquet"]
     assert not orphan.exists() and (tmp_path / "out" / marker.files[0]).exists()
+
+
+def test_small_consecutive_slices_of_a_partition_are_packed() -> None:
+    def piece(partition: int, start: int, end: int) -> SegmentSlice:
+        return SegmentSlice("t", partition, f"k{partition}-{start}", start, end, 0, 1)
+
+    slices = [piece(0, 0, 40), piece(0, 0, 50), piece(0, 0, 30), piece(1, 0, 10), piece(1, 0, 500), piece(1, 0, 5)]
+    packs = pack_slices(slices, 100)
+    assert [[s.key for s in p.slices] for p in packs] == [["k0-0", "k0-0"], ["k0-0"], ["k1-0"], ["k1-0"], ["k1-0"]]
+    assert [sum(s.end - s.start for s in p.slices) for p in packs] == [90, 30, 10, 500, 5]
