@@ -3,8 +3,9 @@
 ``spark.read.format("kafka_tiered").option("subscribe", "orders").option("store.bucket", ...).load()``
 gives Spark's Kafka source schema. The driver lists the remote copies and plans one input partition
 per segment (large ones split at batch boundaries, consecutive small ones packed); each executor
-fetches its segment bytes from the store itself and yields Arrow RecordBatches. No broker is involved. Committed data only: control
-batches and aborted transactions are dropped, and the read ends at the remote data's stable end.
+fetches its segment bytes from the store itself and yields Arrow RecordBatches. No broker is
+involved. Committed data only: control batches and aborted transactions are dropped, and the read
+ends at the remote data's stable end.
 """
 
 from __future__ import annotations

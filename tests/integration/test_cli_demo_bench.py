@@ -72,3 +72,20 @@ def test_bench_http_prints_each_side_and_a_json_summary_last(stack: Endpoints) -
     assert (raw["side"], js["side"], broker["side"]) == ("http-raw", "http-json", "broker")
     assert raw["records"] == js["records"] == summary["records"] > 0 and broker["records"] >= raw["records"]
     assert raw["bytes"] == js["bytes"] == raw["records"] * 1024
+
+
+def test_bench_export_prints_both_sides_and_a_json_summary_last(stack: Endpoints) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["bench", "export", "--stack-dir", stack.stack_dir, "--size-mb", "24", "--segment-mb", "1"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.strip().splitlines()]  # stdout: JSON only
+    sides = {line["side"]: line for line in lines[:-1]}
+    assert set(sides) == {"ours", "spark-kafka"}
+    assert sides["ours"]["rows"] == sides["spark-kafka"]["rows"] > 0
+    assert sides["ours"]["record_bytes"] == sides["spark-kafka"]["record_bytes"]
+    summary = lines[-1]
+    assert set(summary) >= {"ratio", "ours_rows_per_s", "ours_mb_s", "spark_kafka_rows_per_s", "spark_kafka_mb_s"}
+    assert summary["ratio"] == round(summary["ours_rows_per_s"] / summary["spark_kafka_rows_per_s"], 3)

@@ -39,9 +39,10 @@ from tiering_core.produce import produce_waiting
 PARTITIONS = 2
 
 
-def _produce(endpoints: Endpoints, topic: str, megabytes: int, codec: str) -> int:
+def _produce(endpoints: Endpoints, topic: str, megabytes: int, codec: str, segment_mb: int) -> int:
     admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"segment.bytes": str(4 << 20)})])[topic].result(60)
+    config = {"segment.bytes": str(segment_mb << 20)}
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)])[topic].result(60)
     producer = Producer({"bootstrap.servers": endpoints.bootstrap, "linger.ms": 20, "batch.size": 256 << 10,
                          "compression.type": codec})  # fmt: skip
     target = megabytes << 20
@@ -95,9 +96,11 @@ def _parquet_rows(path: Path) -> tuple[int, int, int]:
               help="Megabytes of records to produce (and to export on each side).")  # fmt: skip
 @click.option("--codec", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
               show_default=True, help="Producer compression.")  # fmt: skip
+@click.option("--segment-mb", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="segment.bytes of the topic, in MiB (only rolled segments are tiered and compared).")  # fmt: skip
 @stack_dir_option
 @click.pass_context
-def export(click_ctx: click.Context, size_mb: int, codec: str, stack_dir: Path | None) -> None:
+def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, stack_dir: Path | None) -> None:
     """Rows/s and MB/s exporting the same records to Parquet: kafka_tiered (S3) beside Spark's Kafka source.
 
     The last line is a JSON object with `ratio` (our rows/s / Spark Kafka source rows/s); `mb_s` counts
@@ -112,7 +115,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, stack_dir: Path |
 
     with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
         topic = f"bench-export-{os.getpid()}-{int(time.time())}"
-        produced = _produce(endpoints, topic, size_mb, codec)
+        produced = _produce(endpoints, topic, size_mb, codec, segment_mb)
         settings = load_settings(_tier(click_ctx, endpoints, topic))
         options = {"subscribe": topic, **store_options(settings.remote_storage)}
         opts = parse_options(options)
@@ -163,5 +166,5 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, stack_dir: Path |
             "decoder_only_rows_per_s": round(decoded / decode_seconds),
             "decoder_only_mb_s": round(log_bytes / 1e6 / decode_seconds, 1),
             "rows": ours["rows"], "produced": produced, "log_bytes": log_bytes, "codec": codec,
-            "partitions": PARTITIONS, "master": "local[2]",
+            "partitions": PARTITIONS, "segment_mb": segment_mb, "master": "local[2]",
         }))  # fmt: skip
