@@ -19,7 +19,8 @@ from tests.metadata_factory import TOPIC_ID
 from tests.sidecar_harness import settings, sidecars_running, snapshot_segments, wait_for, write_config
 from tiering.copier import LocalSegment
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
+from tiering.sidecar.facts import PartitionFacts
+from tiering.sidecar.partition_task import PartitionTask
 from tiering_core.formats import list_segments
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.objects import SegmentRef

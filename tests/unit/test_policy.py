@@ -12,6 +12,7 @@ from tiering.policy import (
     PartitionOffsets,
     RemoteSegmentInfo,
     RetentionSettings,
+    copy_lag,
     local_retention_target,
     next_segment_to_copy,
     remote_segments_to_expire,
@@ -53,6 +54,16 @@ def test_hole_left_by_broker_retention_is_flagged() -> None:
 def test_segments_below_log_start_are_skipped() -> None:
     decision = next_segment_to_copy(segs(0, 10, 20), PartitionOffsets(10, 30, 30))
     assert decision is not None and decision.segment.base_offset == 10
+
+
+def test_copy_lag_counts_stable_rolled_segments_not_yet_copied() -> None:
+    local = [LocalSegmentInfo(0, 100), LocalSegmentInfo(10, 200), LocalSegmentInfo(20, 400), LocalSegmentInfo(30, 800)]
+    # 0..9 is remote, 10..19 is stable and waits, 20..29 holds offsets above Ly=25, 30.. is active
+    assert copy_lag(local, PartitionOffsets(0, 25, 35, rx=0, ry=9)) == (200, 1)
+    assert copy_lag(local, PartitionOffsets(0, 30, 35)) == (700, 3)
+    assert copy_lag(local, PartitionOffsets(20, 30, 35)) == (400, 1)  # below the log start: Kafka deletes it
+    assert copy_lag(local, PartitionOffsets(0, 35, 35, rx=0, ry=29)) == (0, 0)
+    assert copy_lag(local[:1], PartitionOffsets(0, 5, 5)) == (0, 0)  # the active segment never lags
 
 
 def test_offset_invariants() -> None:
@@ -142,3 +153,16 @@ def test_copy_choice_is_stable_and_inactive(part: tuple[list[LocalSegmentInfo], 
         assert decision.segment is not local[-1]
         assert decision.end_offset < offsets.ly
         assert offsets.ry is None or decision.end_offset > offsets.ry
+
+
+@given(partitions())
+def test_copy_lag_is_what_copying_would_take(part: tuple[list[LocalSegmentInfo], PartitionOffsets]) -> None:
+    """Lag exactly while a segment is eligible; copying the next one lowers it by that segment."""
+    local, offsets = part
+    lag_bytes, lag_segments = copy_lag(local, offsets)
+    decision = next_segment_to_copy(local, offsets)
+    assert (lag_segments > 0) == (decision is not None)
+    if decision is not None:
+        after = PartitionOffsets(offsets.lx, offsets.ly, offsets.lz, offsets.rx if offsets.rx is not None else
+                                 decision.segment.base_offset, decision.end_offset)  # fmt: skip
+        assert copy_lag(local, after) == (lag_bytes - decision.segment.size, lag_segments - 1)

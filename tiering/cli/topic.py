@@ -21,11 +21,11 @@ from segment_fsm import LogStarts, SegmentState, TopicAction
 from tiering.cli.common import admin_context, config_option
 from tiering.policy import RetentionSettings
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.partition_task import PartitionTask
+from tiering.sidecar.retry import Scope
 from tiering.sidecar.status import read_status, status_key
+from tiering.sidecar.writer import PartitionWriter
 from tiering_core.errors import ConfigError, TieringError
 from tiering_core.kafka_cluster import KafkaClusterError, TopicInfo
-from tiering_core.objects import partition_prefixes
 
 console = Console()
 
@@ -157,20 +157,12 @@ def _delete_remote(ctx: SidecarContext, info: TopicInfo) -> int:
     for p in info.partitions:
         summary = ctx.manager.partition_state(info.topic_id, p.partition)
         epoch, token = summary.fence if summary is not None else (0, 0)
-        segments = [
-            s
-            for s in ctx.manager.segments(info.topic_id, p.partition)
-            if s.state != SegmentState.DELETE_SEGMENT_FINISHED
-        ]
-        task = PartitionTask(ctx, info.name, info.topic_id, p.partition)
-        for seg in segments:
-            if not task.delete_copy(seg, epoch, token):
-                raise TieringError(
-                    f"could not delete remote copy at offset {seg.base_offset} of {info.name}-{p.partition}"
-                )
+        writer = PartitionWriter(ctx, Scope(info.name, info.topic_id, p.partition), epoch, token)
+        for seg in writer.undeleted_copies():
+            if not writer.delete_copy(seg):
+                raise TieringError(f"could not delete remote copy at offset {seg.base_offset} of {writer.name}")
             deleted += 1
-        for prefix in partition_prefixes(ctx.prefix, info.name, info.topic_id, p.partition):
-            ctx.store.delete(ctx.store.list_keys(prefix + "/"))
+        writer.delete_leftovers()
     return deleted
 
 

@@ -4,7 +4,7 @@ No I/O here: the sidecar's loops gather the facts (local segments, Kafka offsets
 and ask these functions what to do, so every rule is unit-testable on its own.
 """
 
-from tiering.policy.copy import CopyDecision, LocalSegmentInfo, next_segment_to_copy
+from tiering.policy.copy import CopyDecision, LocalSegmentInfo, copy_lag, next_segment_to_copy
 from tiering.policy.log_start import log_start_to_record
 from tiering.policy.offsets import OffsetViolation, PartitionOffsets
 from tiering.policy.retention import (
@@ -21,6 +21,7 @@ __all__ = [
     "PartitionOffsets",
     "RemoteSegmentInfo",
     "RetentionSettings",
+    "copy_lag",
     "local_retention_target",
     "log_start_to_record",
     "next_segment_to_copy",

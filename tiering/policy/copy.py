@@ -57,3 +57,17 @@ def next_segment_to_copy(segments: Sequence[LocalSegmentInfo], offsets: Partitio
         after_hole = offsets.ry is not None and max(current.base_offset, offsets.lx) > offsets.ry + 1
         return CopyDecision(segment=current, end_offset=end_offset, after_hole=after_hole)
     return None
+
+
+def copy_lag(segments: Sequence[LocalSegmentInfo], offsets: PartitionOffsets) -> tuple[int, int]:
+    """Bytes and number of the segments that are eligible for copying but not copied yet (Kafka's
+    RemoteCopyLagBytes and RemoteCopyLagSegments): rolled, every offset below ``Ly``, not below the log
+    start ``Lx``, and not wholly at or below the remote end ``Ry``. ``segments`` as for
+    ``next_segment_to_copy``."""
+    lag_bytes = lag_segments = 0
+    for current, following in itertools.pairwise(segments):
+        done = offsets.ry is not None and following.base_offset - 1 <= offsets.ry
+        if not done and offsets.lx < following.base_offset <= offsets.ly:
+            lag_bytes += current.size
+            lag_segments += 1
+    return lag_bytes, lag_segments

@@ -17,13 +17,12 @@ from functools import partial
 
 from metadata import PartitionDeleteRecord
 from metadata.records import topic_id_str
-from segment_fsm import PartitionDeleteState, SegmentState
+from segment_fsm import PartitionDeleteState
 from tiering.policy.deleted_topics import Absence, counted_gap_ms, observe
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import Scope
+from tiering.sidecar.writer import PartitionWriter
 from tiering_core.logs import get_logger
-from tiering_core.objects import partition_prefixes
 
 log = get_logger(__name__)
 ABSENCES_FILE = "deleted_topics.json"
@@ -112,14 +111,13 @@ def _delete_partition(ctx: SidecarContext, scope: Scope, fence: tuple[int, int],
     for state in (PartitionDeleteState.DELETE_PARTITION_MARKED, PartitionDeleteState.DELETE_PARTITION_STARTED):
         if current is None or current < state:
             ctx.manager.publish(record(state))
-    task = PartitionTask(ctx, topic, topic_id, num)
-    segments = [s for s in ctx.manager.segments(topic_id, num) if s.state != SegmentState.DELETE_SEGMENT_FINISHED]
-    if not all(task.delete_copy(s, epoch, token) for s in segments):
+    writer = PartitionWriter(ctx, scope, epoch, token)
+    segments = writer.undeleted_copies()
+    if not all(writer.delete_copy(s) for s in segments):
         return False
-    leftovers = [k for p in partition_prefixes(ctx.prefix, topic, topic_id, num) for k in ctx.store.list_keys(p + "/")]
-    ctx.store.delete(leftovers)
+    leftovers = writer.delete_leftovers()
     if not ctx.manager.publish(record(PartitionDeleteState.DELETE_PARTITION_FINISHED)).accepted:
         return False
     log.info("deleted the remote data of a deleted topic's partition", topic=topic, partition=num,
-             segments=len(segments), leftover_objects=len(leftovers))  # fmt: skip
+             segments=len(segments), leftover_objects=leftovers)  # fmt: skip
     return True

@@ -34,6 +34,11 @@ class Scope(NamedTuple):
     topic_id: str
     partition: int
 
+    @property
+    def labels(self) -> dict[str, str]:
+        """The ``topic`` and ``partition`` labels of the metrics about this scope."""
+        return {"topic": self.topic, "partition": _label(self)}
+
 
 SIDECAR = Scope("", "", -1)
 
@@ -86,7 +91,7 @@ class Retrier:
             now = time.time()
             failure = Failure(message, int(now * 1000), attempts, int((now + delay) * 1000))
             self._failures[(scope, operation)] = (failure, time.monotonic() + delay)
-        self.errors.labels(topic=scope.topic, partition=_label(scope), operation=operation).inc()
+        self.errors.labels(**scope.labels, operation=operation).inc()
         log.error(
             "operation failed", topic=scope.topic or None, partition=_label(scope) or None, operation=operation,
             error=message, attempts=attempts, retry_in_s=round(delay, 3), exc_info=exc,

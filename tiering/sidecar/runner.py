@@ -19,8 +19,9 @@ from typing import Any
 from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.endpoint import StatusEndpoint
+from tiering.sidecar.facts import PartitionFacts
 from tiering.sidecar.janitor import DeletedTopicsJanitor
-from tiering.sidecar.partition_task import PartitionFacts, PartitionTask
+from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import SIDECAR
 from tiering.sidecar.status import status_document, status_key, write_status
 from tiering.watch import SegmentWatcher
@@ -118,7 +119,7 @@ class Sidecar:
         return status_document(
             self.ctx.broker_id,
             {
-                status_key(t.topic_id, t.partition): {"topic": t.topic, **asdict(t.status)}
+                status_key(t.scope.topic_id, t.scope.partition): {"topic": t.scope.topic, **asdict(t.status)}
                 for t in list(self.tasks.values())
             },
             sidecar=self.ctx.retry.summary(SIDECAR),
@@ -138,9 +139,9 @@ class Sidecar:
         led = list(self.led.values())
         if not led:
             return
-        offsets = self.ctx.cluster.local_offsets([(task.topic, task.partition) for task, _ in led])
+        offsets = self.ctx.cluster.local_offsets([(task.scope.topic, task.scope.partition) for task, _ in led])
         for task, directory in led:
-            local = offsets.get((task.topic, task.partition))
+            local = offsets.get((task.scope.topic, task.scope.partition))
             if local is not None:
                 task.refresh_lag(directory, local)
 
@@ -159,7 +160,7 @@ class Sidecar:
         gone = [key for key in self.tasks if key not in led]
         for topic_id, partition in gone:
             task = self.tasks.pop((topic_id, partition))
-            log.info("partition no longer led by this broker", topic=task.topic, topic_id=topic_id,
+            log.info("partition no longer led by this broker", topic=task.scope.topic, topic_id=topic_id,
                      partition=partition)  # fmt: skip
         self._release_leases(gone)
 

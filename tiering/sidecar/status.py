@@ -9,10 +9,23 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 STATUS_FILE = "status.json"
+
+
+@dataclass
+class PartitionStatus:
+    """What status.json (and so ``tiering topic status``) shows of a led partition."""
+
+    copy_lag_bytes: int = 0
+    copy_lag_segments: int = 0
+    last_error: str | None = None
+    last_error_ms: int | None = None
+    next_retry_ms: int | None = None
+    failing: dict[str, str] = field(default_factory=dict)  # operation -> its error, until it succeeds
 
 
 def status_key(topic_id: str, partition: int) -> str:
