@@ -5,8 +5,9 @@ broker keeps everything locally too, so Spark's Kafka source can read the same o
 then one SparkSession (local[2]) writes Parquet with the same settings from
 ``format("kafka_tiered")`` (segments from S3, no broker) and from ``format("kafka")`` (the broker,
 through its consumer protocol), both over offsets ``[0, stable end]``, each side ``--rounds`` times,
-interleaved. A small read of each warms the JVM and the Python workers first. Also reported: our decoder alone (segments from S3 to
-Arrow, one Python thread, no Spark), which bounds what the data source can do per core.
+interleaved. A small read of each warms the JVM and the Python workers first. Also reported: our
+decoder alone (segments from S3 to Arrow, one Python thread, no Spark), which bounds what the data
+source can do per core.
 """
 
 from __future__ import annotations
