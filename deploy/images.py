@@ -98,14 +98,13 @@ def _python_inputs() -> Inputs:
 
 
 def _download_wheels(context: Path) -> None:
-    """Wheels for ``requirements.txt``, and for the build backend (``build-wheels``), fetched by the host's
-    pip: inside a build PyPI may not be reachable the way the host reaches it (proxies, certificates)."""
-    pip = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
+    """Wheels for ``requirements.txt``, and for the build backend (``build-wheels``), made by the host's
+    pip (downloaded, or built from an sdist by the same Python 3.11): inside a build PyPI may not be
+    reachable the way the host reaches it (proxies, certificates)."""
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet"]
     log = _log_path("python-wheels")
-    _run_logged([*pip, "-d", str(context / "wheels"), "-r", str(context / "requirements.txt")], log, "pip download")
-    _run_logged(
-        [*pip, "-d", str(context / "build-wheels"), "setuptools>=68", "wheel"], log, "pip download", append=True
-    )
+    _run_logged([*pip, "-w", str(context / "wheels"), "-r", str(context / "requirements.txt")], log, "pip wheel")
+    _run_logged([*pip, "-w", str(context / "build-wheels"), "setuptools>=68", "wheel"], log, "pip wheel", append=True)
 
 
 def _sidecar_inputs() -> Inputs:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -40,6 +41,7 @@ from tiering_core.objects import SegmentRef
 pytestmark = [pytest.mark.integration, pytest.mark.containers_only]
 FINISHED = [SegmentState.COPY_SEGMENT_FINISHED]
 SEGMENT_BYTES = 64 * 1024
+T = TypeVar("T")
 UPLOAD_RATE = 100_000  # bytes/s per sidecar: ~0.7 s a segment, so uploads are in flight at the fault
 
 
@@ -104,14 +106,9 @@ class CatchUpReader:
                            "enable.auto.commit": False}  # fmt: skip
         try:
             with TieredConsumer(consumer_config, load_reader_settings(self.config)) as consumer:
-                consumer.assign([TopicPartition(self.topic, 0, 0)])
+                self._retrying(lambda: consumer.assign([TopicPartition(self.topic, 0, 0)]))
                 while not self.stop.is_set() and len(self.got) < self.end:
-                    try:
-                        message = consumer.poll(0.5)
-                    except KafkaClusterError as exc:  # "retry later": e.g. FENCED_LEADER_EPOCH mid-election
-                        self.retried.append(str(exc))
-                        time.sleep(0.5)
-                        continue
+                    message = self._retrying(lambda: consumer.poll(0.5))
                     if message is None or message.error() is not None:
                         continue  # errors while a broker is away are retried by the consumer
                     if message.offset() in self.got:
@@ -120,6 +117,17 @@ class CatchUpReader:
                     time.sleep(0.001)
         except BaseException as exc:
             self.failure = exc
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """``call()``, again after a KafkaClusterError ("retry later": e.g. FENCED_LEADER_EPOCH while a
+        leader is being elected), for up to a minute."""
+        for _ in range(120):
+            try:
+                return call()
+            except KafkaClusterError as exc:
+                self.retried.append(str(exc))
+                time.sleep(0.5)
+        return call()
 
 
 @pytest.mark.parametrize("fault", ["stop", "pause"])
