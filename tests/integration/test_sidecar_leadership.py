@@ -18,9 +18,13 @@ from tests.integration.test_sidecar_policies import FINISHED, SEGMENT, cli, prod
 from tests.metadata_factory import TOPIC_ID
 from tests.sidecar_harness import settings, sidecars_running, snapshot_segments, wait_for, write_config
 from tiering.copier import LocalSegment
+from tiering.policy import CopyDecision
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.facts import PartitionFacts
+from tiering.sidecar.copy import CorruptSegments, copy_segment
+from tiering.sidecar.facts import PartitionFacts, local_segments
 from tiering.sidecar.partition_task import PartitionTask
+from tiering.sidecar.retry import Scope
+from tiering.sidecar.writer import PartitionWriter
 from tiering_core.formats import list_segments
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.objects import SegmentRef
@@ -181,3 +185,32 @@ def test_the_lease_follows_leadership_to_the_new_leaders_sidecar(stack3: Endpoin
             observer.manager.close()
             if old_leader is not None:
                 stack_mod.restart_broker(stack3, old_leader)
+
+
+def test_a_copy_decided_on_a_stale_view_is_abandoned_before_any_upload(stack: Endpoints, tmp_path: Path) -> None:
+    """The race of a leader change: the deposed leader's in-flight copy finishes just before the new leader, whose
+    metadata had not applied that record yet, decides to copy the same offsets. The new leader's STARTED is applied
+    after the FINISHED, so it sees the copy and uploads nothing; there is never a second FINISHED copy."""
+    topic = create_topic(stack.bootstrap, internal_segment_bytes=SEGMENT)
+    produce(stack.bootstrap, topic, 6_000)
+    partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
+    config = write_config(stack, tmp_path)
+    cli("topic", "enable", topic, "--config", str(config))
+    with running(config) as (ctx, sidecar):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+        wait_for(lambda: len(refs(ctx, topic, topic_id)) >= 2, 120, "uploads", step=sidecar.tick)
+        first = ctx.manager.segments(topic_id, 0, FINISHED)[0]
+        local = local_segments(partition_dir)
+        seg = next(s for s, _ in local if s.base_offset == first.base_offset)
+        before = set(ctx.store.list_keys(f"{ctx.prefix}/"))
+        writer = PartitionWriter(ctx, Scope(topic, topic_id, 0), first.leader_epoch, 0)
+        stale = CopyDecision(seg, first.end_offset, after_hole=False)  # what a view without the FINISHED record decides
+
+        assert copy_segment(writer, stale, local, CorruptSegments())
+
+        copies = ctx.manager.segments(topic_id, 0)
+        finished = [s for s in copies if s.state == SegmentState.COPY_SEGMENT_FINISHED]
+        assert [s.base_offset for s in finished].count(first.base_offset) == 1, "a second FINISHED copy"
+        ours = [s for s in copies if s.base_offset == first.base_offset and s.segment_id != first.segment_id]
+        assert [s.state for s in ours] == [SegmentState.DELETE_SEGMENT_FINISHED]
+        assert set(ctx.store.list_keys(f"{ctx.prefix}/")) == before, "objects were uploaded for the stale decision"

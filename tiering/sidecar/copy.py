@@ -63,8 +63,9 @@ def copy_backlog(writer: PartitionWriter, local: Local, offsets: PartitionOffset
 
 
 def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, corrupt: CorruptSegments) -> bool:
-    """Copy one segment through the FSM; True when it finished (so the next one may follow), False when the
-    metadata refused a transition. Raises CopyFailed (its objects deleted again) or TieringError."""
+    """Copy one segment through the FSM; True when it finished, or another leader's finished copy turned out to
+    cover it (so the next one may follow), False when the metadata refused a transition. Raises CopyFailed (its
+    objects deleted again) or TieringError."""
     ctx, labels = writer.ctx, writer.scope.labels
     seg, end = decision.segment, decision.end_offset
     known = corrupt.error(seg)
@@ -76,6 +77,14 @@ def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, 
     if not writer.publish(writer.segment_record(ref, SegmentState.COPY_SEGMENT_STARTED, end, seg.max_timestamp,
                                                 seg.size)):  # fmt: skip
         return False
+    if _copied_meanwhile(writer, end):
+        # Another leader's copy of these offsets finished before our STARTED was applied (a deposed leader's
+        # in-flight copy, or a late WAL write): uploading would only make a duplicate. Anything that leader
+        # writes after our STARTED carries an older epoch and is fenced, so this check closes the race.
+        log.info("segment already copied by another leader; not copying it again", topic=writer.scope.topic,
+                 partition=writer.scope.partition, base_offset=seg.base_offset, end_offset=end)  # fmt: skip
+        abandon(writer, ref, end, seg)
+        return True
     try:
         manifest = ctx.copier.copy(ref, LocalSegment(files, next_base), size=seg.size)
     except Exception as exc:  # whatever it is: count it, delete what was written, report it
@@ -107,6 +116,14 @@ def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, 
         end_offset=end, bytes=manifest.log_size, segment_id=ref.segment_id.hex,
     )  # fmt: skip
     return True
+
+
+def _copied_meanwhile(writer: PartitionWriter, end: int) -> bool:
+    """Whether finished copies now reach ``end``. Asked after our COPY_SEGMENT_STARTED is applied: the WAL
+    partition is totally ordered and ``publish`` waits until this replica applied our record, so every record
+    written before it (a FINISHED that landed while we were deciding) is in the state."""
+    summary = writer.ctx.manager.partition_state(writer.scope.topic_id, writer.scope.partition)
+    return summary is not None and summary.remote_end_offset is not None and summary.remote_end_offset >= end
 
 
 def abandon(writer: PartitionWriter, ref: SegmentRef, end: int, seg: LocalSegmentInfo) -> None:
