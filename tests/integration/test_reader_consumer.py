@@ -14,6 +14,7 @@ from confluent_kafka import Message, TopicPartition
 from deploy.stack import Endpoints
 from reader import NotInRemote, PartitionStream, RemoteReader, TieredConsumer, TieredMessage
 from tests.reader_harness import TieredTopic, expected, tiered_topic
+from tests.sidecar_harness import produce_mixed, wait_for
 from tiering.cli.main import main
 
 pytestmark = pytest.mark.integration
@@ -156,7 +157,6 @@ def test_consume_command_prints_remote_then_broker_records(tiered: TieredTopic) 
 
 def test_without_any_sidecar_it_is_a_plain_consumer(tiered: TieredTopic, stack: Endpoints) -> None:
     from tests.conftest import create_topic
-    from tests.sidecar_harness import produce_mixed
 
     topic = create_topic(stack.bootstrap)
     produced = produce_mixed(stack.bootstrap, topic, 500)
@@ -168,3 +168,36 @@ def test_without_any_sidecar_it_is_a_plain_consumer(tiered: TieredTopic, stack: 
         messages = drain(consumer, {0: max(produced) + 2}, timeout=60)[0]
     check(messages, produced, True)
     assert not any(isinstance(m, TieredMessage) for m in messages)
+
+
+def test_back_to_remote_when_local_retention_passes_a_broker_reader(tiered: TieredTopic) -> None:
+    """A slow reader of the broker's data: local retention deletes past its position; it continues from
+    remote at exactly that position (no skip to the new log start, as a plain consumer would)."""
+    start = tiered.log_start()
+    config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+              "isolation.level": "read_uncommitted", "enable.auto.commit": False,
+              # small fetches, so the broker consumer has not buffered what retention deletes
+              "queued.max.messages.kbytes": 16, "max.partition.fetch.bytes": 1024, "fetch.max.bytes": 1024,
+              "message.max.bytes": 1000, "receive.message.max.bytes": 4 << 20}  # fmt: skip
+    with TieredConsumer(config, tiered.reader_settings()) as consumer:
+        consumer.assign([TopicPartition(tiered.topic, 0, start)])
+        first: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(first) < 10 and time.monotonic() < deadline:
+            first += [m for m in consumer.consume(10 - len(first), 1.0) if m.error() is None]
+        assert all(isinstance(m, Message) for m in first), "the start was served by the broker"
+        position = consumer.position([TopicPartition(tiered.topic, 0)])[0].offset
+        more = produce_mixed(tiered.ctx.settings.bootstrap_servers, tiered.topic, 20_000, seed=777)
+        wait_for(lambda: tiered.log_start() > position + 1000, 240, "local retention to pass the reader's position")
+        end = tiered.end_offset()
+        rest = drain(consumer, {0: end}, timeout=240)[0]
+    messages = first + rest
+    produced = {**tiered.produced, **more}
+    offsets = [m.offset() for m in messages]
+    assert offsets == sorted(set(offsets)) and offsets[0] == start
+    want = [o for o in sorted(produced) if o >= start]
+    assert offsets == want, "a gap or a duplicate across the moving boundary"
+    for m in messages:
+        assert as_record(m) == produced[m.offset()]
+    # what the broker consumer had buffered comes first; then the rest of the deleted range from remote
+    assert any(isinstance(m, TieredMessage) for m in rest), "the reader did not go back to remote"
