@@ -51,6 +51,7 @@ class ExportRequest:
     incremental: bool = False
     value_format: Literal["binary", "json"] = "binary"
     json_schema: str | None = None  # DDL; inferred from a sample when None
+    local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def planned_ranges(request: ExportRequest, previous: dict[int, int]) -> list[Par
         options["startingTimestamp"] = str(request.starting_timestamp)
     if request.ending_timestamp is not None:
         options["endingTimestamp"] = str(request.ending_timestamp)
-    _, ranges = plan(parse_options(options), store)
+    _, ranges = plan(parse_options({**options, **_tail_options(request)}), store)
     return ranges
 
 
@@ -130,6 +131,7 @@ def _frame(spark: SparkSession, request: ExportRequest, wanted: list[PartitionRa
         **store_options(request.store),
         **_offsets_option("startingOffsets", request.topic, {r.partition: r.first for r in wanted}),
         **_offsets_option("endingOffsets", request.topic, {r.partition: r.last + 1 for r in wanted}),
+        **_tail_options(request),
     }
     df = spark.read.format(NAME).options(**options).load()
     return df.withColumn("date", utc_date(F.col("timestamp")))
@@ -212,6 +214,12 @@ def _delta_committed_ends(spark: SparkSession, request: ExportRequest) -> dict[i
     for row in table.groupBy("partition").agg(F.max("offset").alias("last")).collect():
         ends[row["partition"]] = max(ends.get(row["partition"], -1), row["last"])
     return ends
+
+
+def _tail_options(request: ExportRequest) -> dict[str, str]:
+    if request.local_tail_bootstrap is None:
+        return {}
+    return {"includeLocalTail": "true", "kafka.bootstrap.servers": request.local_tail_bootstrap}
 
 
 def _offsets_option(name: str, topic: str, offsets: dict[int, int]) -> dict[str, str]:

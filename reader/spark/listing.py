@@ -69,13 +69,13 @@ def split_topic_dir(name: str) -> tuple[str, str] | None:
 
 def list_remote_partitions(
     store: RemoteStore, prefix: str, topics: list[str] | None = None, pattern: str | None = None,
-    topic_ids: dict[str, str] | None = None,
+    topic_ids: dict[str, str] | None = None, *, require: bool = True,
 ) -> list[RemotePartition]:  # fmt: skip
     """The remote partitions of ``topics`` (or of every topic matching ``pattern``), sorted.
 
     A name with copies of several incarnations (deleted and recreated) resolves to the one given in
     ``topic_ids``, else to the one with the newest copy. Raises UnknownTopic for a named topic that
-    has no copy.
+    has no copy (unless not ``require``d: the broker may still have it all).
     """
     keys: list[str] = []
     if topics is not None:
@@ -108,7 +108,7 @@ def list_remote_partitions(
             created = 1 << 62 if topic_ids[topic] == topic_id else -1
         if created > newest.get(topic, (-2, ""))[0]:
             newest[topic] = (created, topic_id)
-    for topic in topics or []:
+    for topic in topics if require and topics else []:
         if topic not in newest:
             raise UnknownTopic(f"topic {topic!r} has no remote copy under {store.endpoint}/{prefix}")
     out = []

@@ -2,7 +2,8 @@
 
 Names follow Spark's Kafka source where the concept exists: ``subscribe`` / ``subscribePattern`` /
 ``assign``, ``startingOffsets`` / ``endingOffsets`` (``earliest``/``latest`` or JSON, -2 earliest,
--1 latest, end exclusive), ``startingTimestamp`` / ``endingTimestamp`` (ms), ``failOnDataLoss``.
+-1 latest, end exclusive), ``startingTimestamp`` / ``endingTimestamp`` (ms), ``failOnDataLoss``,
+``kafka.*`` (the consumer of the optional ``includeLocalTail``).
 The remote store is given with ``store.*`` options, the fields of the sidecar's ``remote_storage``
 setting (``store.bucket``, ``store.prefix``, ``store.endpointUrl``, ``store.pathStyle``, ...; or
 ``store.kind=filesystem`` with ``store.root``), or whole as JSON in ``remoteStorage``.
@@ -23,7 +24,7 @@ from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig
 _KNOWN = {
     "subscribe", "subscribepattern", "assign", "topicids", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "failondataloss", "maxslicebytes", "maxrowsperbatch",
-    "windowbytes", "remotestorage", "path",
+    "windowbytes", "remotestorage", "path", "includelocaltail",
 }  # fmt: skip
 _FIELD_NAMES = {n.replace("_", ""): n for model in (S3StoreConfig, FileSystemStoreConfig) for n in model.model_fields}
 
@@ -44,6 +45,8 @@ class ReadOptions(BaseModel):
     max_rows_per_batch: int = 65536
     window_bytes: int = 16 << 20
     store: S3StoreConfig | FileSystemStoreConfig
+    include_local_tail: bool = False
+    kafka: dict[str, str] = {}  # kafka.* options without the prefix: the local tail's consumer
 
     def wanted(self, topic: str, partition: int) -> bool:
         if self.assign is not None:
@@ -54,9 +57,9 @@ class ReadOptions(BaseModel):
 def parse_options(options: Mapping[str, str]) -> ReadOptions:
     """Check and parse; ConfigError naming the option for anything wrong."""
     opts = {k.lower(): str(v) for k, v in options.items()}
-    unknown = sorted(k for k in opts if k not in _KNOWN and not k.startswith("store."))
+    unknown = sorted(k for k in opts if k not in _KNOWN and not k.startswith(("store.", "kafka.")))
     if unknown:
-        raise ConfigError(f"kafka_tiered: unknown option(s) {unknown}; known: {sorted(_KNOWN)} and store.*")
+        raise ConfigError(f"kafka_tiered: unknown option(s) {unknown}; known: {sorted(_KNOWN)}, store.* and kafka.*")
     chosen = [k for k in ("subscribe", "subscribepattern", "assign") if k in opts]
     if len(chosen) != 1:
         raise ConfigError("kafka_tiered: give exactly one of the options subscribe, subscribePattern, assign")
@@ -83,13 +86,17 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         values["topic_ids"] = _json(opts, "topicids")
     for name, key in (("starting_timestamp", "startingtimestamp"), ("ending_timestamp", "endingtimestamp"),
                       ("max_slice_bytes", "maxslicebytes"), ("max_rows_per_batch", "maxrowsperbatch"),
-                      ("window_bytes", "windowbytes"), ("fail_on_data_loss", "failondataloss")):  # fmt: skip
+                      ("window_bytes", "windowbytes"), ("fail_on_data_loss", "failondataloss"),
+                      ("include_local_tail", "includelocaltail")):  # fmt: skip
         if key in opts:
             values[name] = opts[key]
+    values["kafka"] = {k[6:]: v for k, v in opts.items() if k.startswith("kafka.")}
     try:
         parsed = ReadOptions.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(f"kafka_tiered: bad option: {_first_error(exc)}") from exc
+    if parsed.include_local_tail and "bootstrap.servers" not in parsed.kafka:
+        raise ConfigError("kafka_tiered: includeLocalTail needs kafka.bootstrap.servers (the broker to read it from)")
     for name in ("max_slice_bytes", "max_rows_per_batch", "window_bytes"):
         if getattr(parsed, name) <= 0:
             raise ConfigError(f"kafka_tiered: option {name} must be positive")

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from reader.spark.broker_tail import BrokerSlice, read_broker_slice, tail_slices, with_local_tails
 from reader.spark.columns import SPARK_SCHEMA
 from reader.spark.listing import RemotePartition, list_remote_partitions
 from reader.spark.options import ReadOptions, parse_options
 from reader.spark.planning import PartitionRange, plan_slices, resolve_range
 from reader.spark.slices import SlicePack, pack_slices, read_slice
+from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
 
@@ -40,12 +43,15 @@ def shared_store(opts: ReadOptions) -> RemoteStore:
 
 
 def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], list[PartitionRange]]:
-    """The remote partitions the options select and the offset range read from each.
+    """The remote partitions the options select and the offset range read from each (with
+    ``includeLocalTail``, ranges go on to the broker's last stable offset; a partition with no remote
+    copy yet has no copies and its whole range is the broker's).
 
-    Raises UnknownTopic, ConfigError (an offset for a partition that has no remote data) or
-    OffsetOutOfRange, all before any Spark work starts.
+    Raises UnknownTopic, OffsetOutOfRange, BrokerTailError or KafkaClusterError, all before any Spark
+    work starts.
     """
-    found = list_remote_partitions(store, opts.store.prefix, opts.topics, opts.pattern, opts.topic_ids)
+    found = list_remote_partitions(store, opts.store.prefix, opts.topics, opts.pattern, opts.topic_ids,
+                                   require=not opts.include_local_tail)  # fmt: skip
     partitions = [rp for rp in found if opts.wanted(rp.topic, rp.partition)]
     ranges = []
     for rp in partitions:
@@ -53,7 +59,23 @@ def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], 
         end = (opts.ending or {}).get(rp.topic, {}).get(rp.partition)
         ranges.append(resolve_range(store, rp, start, end, opts.starting_timestamp, opts.ending_timestamp,
                                     fail_on_data_loss=opts.fail_on_data_loss))  # fmt: skip
-    return partitions, ranges
+    if not opts.include_local_tail:
+        return partitions, ranges
+    topics = opts.topics or sorted({rp.topic for rp in found})
+    cluster = KafkaCluster(opts.kafka["bootstrap.servers"])
+    known = {(rp.topic, rp.partition): rp for rp in partitions}
+    starting = opts.starting or {}
+    aligned, extended = [], []
+    for rng in with_local_tails(cluster, topics, ranges, opts.ending or {}):
+        if not opts.wanted(rng.topic, rng.partition):
+            continue
+        rp = known.get((rng.topic, rng.partition))
+        if rp is None:  # no remote copy yet: all of it from the broker, from the requested start
+            rp = RemotePartition(rng.topic, rng.topic_id, rng.partition, ())
+            rng = replace(rng, first=max(rng.first, starting.get(rng.topic, {}).get(rng.partition, rng.first)))
+        aligned.append(rp)
+        extended.append(rng)
+    return aligned, extended
 
 
 class TieredReader(DataSourceReader):
@@ -64,9 +86,15 @@ class TieredReader(DataSourceReader):
         store = shared_store(self.opts)
         partitions, ranges = plan(self.opts, store)
         slices = plan_slices(store, partitions, ranges, self.opts.max_slice_bytes)
-        return pack_slices(slices, self.opts.max_slice_bytes)
+        packs: list[InputPartition] = list(pack_slices(slices, self.opts.max_slice_bytes))
+        if self.opts.include_local_tail:
+            packs.extend(tail_slices(ranges, self.opts.kafka))
+        return packs
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, BrokerSlice):
+            yield from read_broker_slice(partition, self.opts.max_rows_per_batch)
+            return
         assert isinstance(partition, SlicePack)
         for part in partition.slices:
             yield from read_slice(shared_store(self.opts), part, window_bytes=self.opts.window_bytes,

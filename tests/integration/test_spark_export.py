@@ -33,6 +33,7 @@ from tiering.cli.main import main
 from tiering.config import SidecarSettings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.stores.factory import open_store
 
 pytestmark = pytest.mark.integration
@@ -230,6 +231,20 @@ def test_timestamps_select_the_offsets_kafka_would(tiered: Tiered, spark: SparkS
     (rng,) = timed.ranges
     assert (rng.first, rng.last) == (first, stop - 1)
     assert timed.rows == len(tiered.committed(stop - 1, first))
+
+
+def test_local_tail_from_the_broker_makes_the_export_cover_the_whole_topic(
+    tiered: Tiered, spark: SparkSession, stack: Endpoints, tmp_path: Path
+) -> None:
+    path = tmp_path / "whole"
+    result = run_export(spark, request(tiered, "parquet", path, local_tail_bootstrap=stack.bootstrap))
+    (rng,) = result.ranges
+    local = KafkaCluster(stack.bootstrap).local_offsets([(tiered.topic, 0)])[(tiered.topic, 0)]
+    assert rng.last == local.ly - 1 > rng.stable_end, "the broker's untiered tail was not read"
+    assert max(tiered.produced) == rng.last or max(tiered.produced) < rng.last  # a marker can be last
+    assert independent_digests(str(path), "parquet") == tiered.committed(rng.last)
+    again = run_export(spark, request(tiered, "parquet", path, incremental=True, local_tail_bootstrap=stack.bootstrap))
+    assert not again.committed and again.rows == 0
 
 
 def _first_log_key(tiered: Tiered) -> str:

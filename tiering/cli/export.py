@@ -75,17 +75,20 @@ def _progress_until(spark: object, done: threading.Event) -> None:
               help="json: also flatten JSON values into columns (non-JSON values go to _corrupt).")  # fmt: skip
 @click.option("--json-schema", metavar="DDL", help="Schema of JSON values (e.g. 'order long, note string'); "
               "inferred from a sample when absent.")  # fmt: skip
+@click.option("--include-local-tail", is_flag=True,
+              help="Also read what is not tiered yet from the broker (read_committed), so the export covers the "
+              "whole topic up to its last stable offset.")  # fmt: skip
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL (spark://host:7077, ...).")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration (repeatable).")
 @click.option("--show", type=click.IntRange(0, 1000), default=0, help="Print this many exported rows at the end.")
 @config_option
 def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, incremental: bool, value_format: str,
-           json_schema: str | None, master: str, confs: tuple[str, ...], show: int,
+           json_schema: str | None, include_local_tail: bool, master: str, confs: tuple[str, ...], show: int,
            config_file: Path | None) -> None:  # fmt: skip
     """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading only the object store.
 
-    No broker is read: the segments come from the remote store of the sidecar configuration
-    (--config). Output is partitioned by topic partition and UTC date, with Spark's Kafka source
+    No broker is read (unless --include-local-tail): the segments come from the remote store of the
+    sidecar configuration (--config). Output is partitioned by topic partition and UTC date, with Spark's Kafka source
     columns (key, value, topic, partition, offset, timestamp, timestampType, headers). Only committed
     records are exported: aborted transactions and control markers are dropped. With --incremental a
     run starts after the last committed run (Delta: idempotent commit keyed by the offset ranges;
@@ -112,6 +115,7 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         topic=topic, format=fmt, path=path, store=settings.remote_storage,  # type: ignore[arg-type]
         starting=starting, ending=ending, starting_timestamp=start_ts, ending_timestamp=end_ts,
         incremental=incremental, value_format=value_format, json_schema=json_schema,  # type: ignore[arg-type]
+        local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
