@@ -2,7 +2,9 @@
 
 Each help text names the Kafka metric it mirrors (``kafka.server:type=BrokerTopicMetrics,...``),
 so dashboards built for Kafka's own tiered storage map one to one. Labels are ``topic`` and
-``partition`` where Kafka reports per partition.
+``partition`` where Kafka reports per partition; a partition's series exist only on the sidecar of its
+current leader (``forget_partition`` removes them when it stops leading, as Kafka removes a partition's
+metrics from a broker that no longer leads it).
 """
 
 from __future__ import annotations
@@ -119,3 +121,16 @@ class SidecarMetrics:
             (*_TP, "operation"),
             registry=r,
         )
+
+        # every metric labelled by partition: a partition's series go together when it is led elsewhere
+        self.per_partition: tuple[Counter | Gauge, ...] = (
+            self.copy_bytes, self.copy_segments, self.copy_errors, self.copy_lag_bytes, self.copy_lag_segments,
+            self.delete_errors, self.delete_lag_segments, self.remote_log_size_bytes, self.remote_stored_bytes,
+            self.local_deleted_offsets, self.offset_violations, self.corrupt_segments, self.task_errors,
+        )  # fmt: skip
+
+    def forget_partition(self, labels: dict[str, str]) -> None:
+        """Remove every series of the partition with these ``topic`` and ``partition`` labels (every
+        ``operation`` of ``tiering_task_errors_total`` included), so no frozen value stays behind. Idempotent."""
+        for metric in self.per_partition:
+            metric.remove_by_labels(labels)

@@ -139,7 +139,7 @@ def test_a_deposed_leader_never_writes_with_the_new_leaders_epoch(stack3: Endpoi
         facts = PartitionFacts(
             topic=info, partition=0, partition_dir=Path(stack3.broker(old_leader).log_dir) / f"{topic}-0",
             offsets=offsets, tiering=deposed.manager.topic_state(topic)[1], uploads_allowed=True,
-            local_deletion_allowed=True,
+            tiered=True,
         )  # fmt: skip
         task.step(facts)
         written = deposed.manager.segments(info.topic_id, 0)

@@ -25,8 +25,8 @@ class PartitionFacts:
     partition_dir: Path
     offsets: LocalOffsets
     tiering: TopicTiering
-    uploads_allowed: bool
-    local_deletion_allowed: bool
+    uploads_allowed: bool  # tiered, and neither the topic's nor the cluster's uploads paused
+    tiered: bool  # enabled, and neither the topic nor the cluster rolled back: local retention applies
 
 
 def local_segments(partition_dir: Path) -> Local:

@@ -1,22 +1,97 @@
-"""Whether this broker may act on a partition now: it leads it (by its own leader-epoch cache, not only
-Kafka's answer) and holds its etcd lease when leases are configured. The result is the partition's
-``PartitionWriter``, whose records carry that leader epoch and the lease's fencing token."""
+"""Which partitions this sidecar acts on, and whether it may act on one now.
+
+Every tick ``led_partitions`` asks Kafka which tiered partitions this broker leads; a partition is acted
+on while its topic is tiered, and after a rollback while remote copies of it are left (total retention
+still expires them). Before writing anything, ``fence`` checks that this broker leads the partition by
+its own leader-epoch cache (not only Kafka's answer) and holds its etcd lease when leases are
+configured; the result is the partition's ``PartitionWriter``, whose records carry that leader epoch
+and the lease's fencing token.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
+from metadata.records import topic_id_str
+from segment_fsm import SegmentState, TopicTiering
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.facts import PartitionFacts
 from tiering.sidecar.retry import Scope
 from tiering.sidecar.writer import PartitionWriter
 from tiering_core.errors import TieringError
-from tiering_core.formats import parse_leader_epoch_checkpoint
+from tiering_core.formats import find_partition_dirs, parse_leader_epoch_checkpoint
 from tiering_core.formats.indexes import read_file
+from tiering_core.kafka_cluster import LocalOffsets, TopicInfo
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 
 
 class LeadershipMoved(TieringError):
     """The leader epoch Kafka answered with is not this broker's: the partition is led elsewhere now."""
+
+
+@dataclass(frozen=True)
+class LedPartition:
+    """A partition this sidecar acts on this tick: this broker leads it and holds its directory."""
+
+    topic: TopicInfo
+    partition: int
+    partition_dir: Path
+    tiering: TopicTiering
+    uploads_allowed: bool
+    tiered: bool
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(topic id, partition): a topic created again under the same name is another topic."""
+        return self.topic.topic_id, self.partition
+
+    def facts(self, offsets: LocalOffsets) -> PartitionFacts:
+        return PartitionFacts(self.topic, self.partition, self.partition_dir, offsets, self.tiering,
+                              self.uploads_allowed, self.tiered)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Led:
+    """The runner's view of one tick: the partitions to act on, and the tiered topics (id -> name) that
+    are compacted now, which are never acted on."""
+
+    partitions: list[LedPartition]
+    compacted: dict[str, str]
+
+
+def led_partitions(ctx: SidecarContext) -> Led:
+    """The partitions this broker leads whose topic is tiered (or rolled back with remote copies left), as
+    Kafka answers now. Raises KafkaClusterError when Kafka does not answer: then nothing is known."""
+    with ctx.manager.lock:
+        topics = {topic_id_str(tid): entry for tid, entry in ctx.manager.state.topics.items()}
+        paused, rolled_back = ctx.manager.state.cluster.upload_paused, ctx.manager.state.cluster.rolled_back
+    existing = set(ctx.cluster.topic_names())
+    infos = ctx.cluster.topics({name for name, _ in topics.values()} & existing)
+    dirs = find_partition_dirs(ctx.settings.log_dirs)
+    led = Led([], {})
+    for topic_id, (name, tiering) in topics.items():
+        info = infos.get(name)
+        if info is None or info.topic_id != topic_id:
+            continue  # deleted (the janitor's), or created again: another topic id
+        if info.compacted:
+            led.compacted[topic_id] = name
+            continue
+        tiered = tiering.enabled and not tiering.rolled_back and not rolled_back
+        uploads_allowed = tiering.uploads_allowed and not paused and not rolled_back
+        for p in info.partitions:
+            directory = dirs.get((name, p.partition))
+            if p.leader != ctx.broker_id or directory is None:
+                continue
+            if tiered or _has_copies(ctx, topic_id, p.partition):
+                led.partitions.append(LedPartition(info, p.partition, directory, tiering, uploads_allowed, tiered))
+    return led
+
+
+def _has_copies(ctx: SidecarContext, topic_id: str, partition: int) -> bool:
+    """Whether remote copies of the partition are left (in any state but DELETE_SEGMENT_FINISHED)."""
+    return any(s.state != SegmentState.DELETE_SEGMENT_FINISHED for s in ctx.manager.segments(topic_id, partition))
 
 
 def fence(ctx: SidecarContext, scope: Scope, facts: PartitionFacts) -> PartitionWriter:

@@ -8,6 +8,7 @@ and the segments found corrupt.
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -30,18 +31,31 @@ from tiering_core.kafka_cluster import LocalOffsets
 
 
 class PartitionTask:
-    """The state kept across ticks for one partition this broker leads."""
+    """The state kept across ticks for one partition this broker leads, until ``close``."""
 
     def __init__(self, ctx: SidecarContext, topic: str, topic_id: str, partition: int) -> None:
         self.ctx = ctx
         self.scope = Scope(topic, topic_id, partition)
         self.status = PartitionStatus()
         self.corrupt = CorruptSegments()
+        self.copying = True  # False once the topic is rolled back: nothing lags behind then
+        self._gauges = threading.Lock()  # the lag monitor refreshes gauges from another thread
+        self._closed = False
+
+    def close(self) -> None:
+        """The partition is led elsewhere now (or no longer tiered): remove its metric series and its
+        failures, so only its current leader's sidecar shows it. Idempotent; the lag monitor may still
+        hold the task, and its late refreshes change nothing."""
+        with self._gauges:
+            self._closed = True
+            self.ctx.metrics.forget_partition(self.scope.labels)
+        self.ctx.retry.forget(self.scope)
 
     def step(self, facts: PartitionFacts) -> None:
         """Run each operation of the partition that is due. Never raises: a failing operation is recorded
         (log with traceback, metrics, status) and retried after its backoff; the others go on."""
         retry, scope = self.ctx.retry, self.scope
+        self.copying = facts.tiered
         begun = retry.run(scope, "partition", lambda: self._begin(facts))
         if begun is not None:
             writer, local, offsets = begun
@@ -53,7 +67,7 @@ class PartitionTask:
             else:
                 retry.clear(scope, "copy")
             settings = retry.run(scope, "retention", lambda: retention_settings(facts))
-            if settings is not None and facts.local_deletion_allowed:
+            if settings is not None and facts.tiered:
                 retry.run(scope, "local_retention", lambda: apply_local_retention(writer, local, offsets, settings))
             else:
                 retry.clear(scope, "local_retention")
@@ -91,8 +105,11 @@ class PartitionTask:
     def _refreshed(self, local: Local, kafka: LocalOffsets) -> PartitionOffsets:
         """The offsets as the metadata has them now, with the copy lag (status and gauges) updated to them."""
         offsets = partition_offsets(self.ctx.manager, self.scope, kafka)
-        lag_bytes, lag_segments = copy_lag([s for s, _ in local], offsets)
-        self.status.copy_lag_bytes, self.status.copy_lag_segments = lag_bytes, lag_segments
-        self.ctx.metrics.copy_lag_bytes.labels(**self.scope.labels).set(lag_bytes)
-        self.ctx.metrics.copy_lag_segments.labels(**self.scope.labels).set(lag_segments)
+        lag_bytes, lag_segments = copy_lag([s for s, _ in local], offsets) if self.copying else (0, 0)
+        with self._gauges:
+            if self._closed:
+                return offsets
+            self.status.copy_lag_bytes, self.status.copy_lag_segments = lag_bytes, lag_segments
+            self.ctx.metrics.copy_lag_bytes.labels(**self.scope.labels).set(lag_bytes)
+            self.ctx.metrics.copy_lag_segments.labels(**self.scope.labels).set(lag_segments)
         return offsets

@@ -110,6 +110,12 @@ class Retrier:
         with self._lock:
             self._failures.pop((scope, operation), None)
 
+    def forget(self, scope: Scope) -> None:
+        """Forget every failure of ``scope`` (a partition led elsewhere now: its new leader reports it)."""
+        with self._lock:
+            for key in [key for key in self._failures if key[0] == scope]:
+                del self._failures[key]
+
     def failures(self, scope: Scope) -> dict[str, Failure]:
         with self._lock:
             return {op: f for (s, op), (f, _) in self._failures.items() if s == scope}

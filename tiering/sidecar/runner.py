@@ -16,17 +16,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from metadata.records import topic_id_str
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.endpoint import StatusEndpoint
-from tiering.sidecar.facts import PartitionFacts
 from tiering.sidecar.janitor import DeletedTopicsJanitor
+from tiering.sidecar.leadership import led_partitions
 from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import SIDECAR
 from tiering.sidecar.status import status_document, status_key, write_status
 from tiering.watch import SegmentWatcher
 from tiering_core.errors import TieringError
-from tiering_core.formats import find_partition_dirs
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -155,11 +153,14 @@ class Sidecar:
                 self.ctx.leases.release(topic_id, partition)
 
     def _let_go(self, led: set[tuple[str, int]]) -> None:
-        """Forget the partitions this broker no longer leads and release their leases at once: the new
-        leader's sidecar is refused the lease until then (the keepalive keeps it alive otherwise)."""
+        """Drop the partitions this sidecar no longer acts on (led elsewhere, topic deleted, or rolled back with
+        nothing remote left): their metric series and status go, and their leases are released at once (the
+        new leader's sidecar is refused the lease until then; the keepalive keeps it alive otherwise)."""
         gone = [key for key in self.tasks if key not in led]
+        self.led = {key: entry for key, entry in self.led.items() if key in led}  # the lag monitor's view
         for topic_id, partition in gone:
             task = self.tasks.pop((topic_id, partition))
+            task.close()
             log.info("partition no longer led by this broker", topic=task.scope.topic, topic_id=topic_id,
                      partition=partition)  # fmt: skip
         self._release_leases(gone)
@@ -171,45 +172,21 @@ class Sidecar:
 
     def _tick(self) -> bool:
         """Run the partitions' steps; True once they ran (then the janitor may run)."""
-        ctx = self.ctx
-        with ctx.manager.lock:
-            topics = {topic_id_str(tid): entry for tid, entry in ctx.manager.state.topics.items()}
-            cluster_flags = (ctx.manager.state.cluster.upload_paused, ctx.manager.state.cluster.rolled_back)
-        existing = set(ctx.cluster.topic_names())
-        infos = ctx.cluster.topics({name for name, _ in topics.values()} & existing)
-        dirs = find_partition_dirs(ctx.settings.log_dirs)
-        led = []
-        for topic_id, (name, tiering) in topics.items():
-            info = infos.get(name)
-            if info is None or info.topic_id != topic_id:
-                continue
-            if info.compacted:
-                if topic_id not in self.compacted:  # once, not every tick
-                    log.error("compacted topics cannot be tiered; skipping", topic=name)
-                    self.compacted.add(topic_id)
-                continue
-            for p in info.partitions:
-                if p.leader == ctx.broker_id and (name, p.partition) in dirs:
-                    led.append((info, p.partition, dirs[(name, p.partition)], tiering))
-        self._let_go({(info.topic_id, p) for info, p, _, _ in led})
-        offsets = ctx.cluster.local_offsets([(info.name, p) for info, p, _, _ in led])
+        led = led_partitions(self.ctx)
+        for topic_id, name in led.compacted.items():
+            if topic_id not in self.compacted:  # once, not every tick
+                log.error("compacted topics cannot be tiered; skipping", topic=name)
+                self.compacted.add(topic_id)
+        self._let_go({p.key for p in led.partitions})
+        offsets = self.ctx.cluster.local_offsets([(p.topic.name, p.partition) for p in led.partitions])
         futures = []
         now_led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}
-        for info, partition, directory, tiering in led:
-            task = self.tasks.get((info.topic_id, partition))
+        for p in led.partitions:
+            task = self.tasks.get(p.key)
             if task is None:
-                task = self.tasks[(info.topic_id, partition)] = PartitionTask(ctx, info.name, info.topic_id, partition)
-            now_led[(info.topic_id, partition)] = (task, directory)
-            facts = PartitionFacts(
-                topic=info,
-                partition=partition,
-                partition_dir=directory,
-                offsets=offsets[(info.name, partition)],
-                tiering=tiering,
-                uploads_allowed=tiering.uploads_allowed and not any(cluster_flags),
-                local_deletion_allowed=tiering.enabled and not tiering.rolled_back and not cluster_flags[1],
-            )
-            futures.append(self.pool.submit(task.step, facts))
+                task = self.tasks[p.key] = PartitionTask(self.ctx, p.topic.name, *p.key)
+            now_led[p.key] = (task, p.partition_dir)
+            futures.append(self.pool.submit(task.step, p.facts(offsets[(p.topic.name, p.partition)])))
         self.led = now_led
         for future in futures:
             future.result()  # step() records its own failures and never raises

@@ -1,0 +1,31 @@
+"""The sidecar's metrics: a partition's series can be removed all together."""
+
+from __future__ import annotations
+
+from prometheus_client.metrics import MetricWrapperBase
+
+from tiering.metrics import SidecarMetrics
+
+
+def test_forget_partition_removes_every_series_of_that_partition_and_only_those() -> None:
+    metrics = SidecarMetrics()
+    labelled = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase) and "partition" in m._labelnames]
+    assert {id(m) for m in labelled} == {id(m) for m in metrics.per_partition}, "a partition metric is not forgotten"
+    for metric in labelled:
+        for topic, partition in (("a", "0"), ("a", "1"), ("b", "0")):
+            for operation in ("copy", "sweep") if "operation" in metric._labelnames else (None,):
+                extra = {"operation": operation} if operation else {}
+                metric.labels(topic=topic, partition=partition, **extra).inc()
+    metrics.metadata_wal_lag.labels(wal_partition="0").set(3)
+    metrics.forget_partition({"topic": "a", "partition": "0"})
+    metrics.forget_partition({"topic": "a", "partition": "0"})  # idempotent
+    left = {
+        (family.name, s.labels.get("topic"), s.labels.get("partition"))
+        for family in metrics.registry.collect()
+        for s in family.samples
+    }
+    assert not {row for row in left if row[1:] == ("a", "0")}
+    for metric in labelled:
+        name = metric._name
+        assert {(name, "a", "1"), (name, "b", "0")} <= left
+    assert ("tiering_metadata_wal_lag_records", None, None) in left
