@@ -174,11 +174,13 @@ def _write_delta(spark: SparkSession, df: DataFrame, request: ExportRequest, top
     app_id = f"{APP_PREFIX}/{request.topic}/{hashlib.sha256(key.encode()).hexdigest()[:32]}"
     metadata = json.dumps({"kafka_tiered": {"topic": request.topic, "topic_id": topic_id, "ranges": ranges_json}})
     before = _delta_version(spark, request.path)
-    (
+    writer = (
         df.write.format("delta").mode("append").partitionBy("partition", "date")
         .option("txnAppId", app_id).option("txnVersion", "0").option("userMetadata", metadata)
-        .save(request.path)
     )  # fmt: skip
+    if request.value_format == "json":  # a later run may infer new JSON fields: add them as columns
+        writer = writer.option("mergeSchema", "true")
+    writer.save(request.path)
     after = _delta_version(spark, request.path)
     if after == before:
         return ExportResult(ranges, 0, False)

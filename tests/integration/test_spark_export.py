@@ -210,6 +210,10 @@ def test_json_values_become_columns_and_other_values_go_to_corrupt(
         doc = json.loads(tiered.produced[offset][1])
         assert (rows[offset]["n"], rows[offset]["name"], rows[offset]["_corrupt"]) == (doc["n"], doc["name"], None)
     others = [o for o, (_, v, _) in tiered.produced.items() if o in rows and v and not v.startswith(b"{")]
+    delta = run_export(spark, request(tiered, "delta", tmp_path / "json-delta", value_format="json"))
+    assert delta.rows == result.rows
+    columns = DeltaTable(str(tmp_path / "json-delta")).to_pyarrow_table(columns=["offset", "n", "_corrupt"])
+    assert columns.num_rows == result.rows and columns.column("n").null_count == len(rows) - len(json_rows)
     assert others
     for offset in others:
         assert rows[offset]["_corrupt"] == tiered.produced[offset][1].decode()
