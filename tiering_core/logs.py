@@ -54,10 +54,40 @@ def get_logger(name: str) -> StructuredLogger:
     return StructuredLogger(logging.getLogger(name), {})
 
 
-def configure(level: str = "INFO", stream: Any = None) -> None:
-    """Send all of this project's logs as JSON lines to ``stream`` (stderr by default)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+class TextFormatter(logging.Formatter):
+    """A readable line for a person at a terminal: time, level, logger, then the event and its fields."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler ``configure`` installs. Without a stream it writes to whatever ``sys.stderr`` is when a
+    record is written, not when it was built: a command run in-process (a test's CliRunner) swaps it."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__()
+        self._fixed = stream
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return self._fixed if self._fixed is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        self._fixed = value
+
+
+def configure(level: str = "INFO", stream: Any = None, *, json_lines: bool = True) -> None:
+    """Send every log record (this project's, librdkafka's, other libraries') at ``level`` and above to
+    ``stream`` (stderr by default): JSON lines (``JsonFormatter``) or readable lines (``TextFormatter``).
+
+    Idempotent: a handler installed by an earlier call is replaced, other handlers (a test runner's) stay.
+    """
+    handler = _Handler(stream)
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    for previous in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(previous)
+    root.addHandler(handler)
     root.setLevel(level.upper())

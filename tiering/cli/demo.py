@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 from rich.console import Console
 from rich.table import Table
 
@@ -21,6 +21,7 @@ from tiering.config import load_settings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
 from tiering_core.formats import iter_batches, list_segments, mapped, scan_headers
+from tiering_core.kafka_logs import admin_client, kafka_logging
 from tiering_core.produce import produce_waiting
 
 console = Console()
@@ -33,7 +34,7 @@ def _value(i: int) -> bytes:
 
 
 def _produce(bootstrap: str, topic: str, megabytes: int) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 10, **kafka_logging()})
     target = megabytes * 1024 * 1024
     sent = 0
     i = 0
@@ -114,7 +115,7 @@ def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
     console.print(f"Kafka {endpoints.bootstrap}  S3 {endpoints.s3.endpoint_url}  etcd {endpoints.etcd.url}")
     topic = f"demo-orders-{int(time.time())}"
     console.rule(f"2. topic {topic} with segment.bytes=1 MiB")
-    admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+    admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": str(1024 * 1024)})])[topic].result(60)
     records = _produce(endpoints.bootstrap, topic, megabytes)
     console.print(f"produced {records:,} records (~{megabytes} MiB)")
@@ -157,7 +158,7 @@ def read_back(config: Path, topic: str, records: int) -> None:
     """Read every record from offset 0, check it against what was produced, show where each part came from."""
     settings = load_reader_settings(config)
     consumer_config = {"bootstrap.servers": settings.bootstrap_servers, "group.id": f"demo-{topic}",
-                       "enable.auto.commit": False}  # fmt: skip
+                       "enable.auto.commit": False, **kafka_logging()}  # fmt: skip
     parts: dict[str, list[int]] = {"remote (S3)": [], "broker": []}
     with TieredConsumer(consumer_config, settings) as consumer:
         consumer.assign([TopicPartition(topic, 0, 0)])

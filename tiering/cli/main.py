@@ -11,6 +11,7 @@ import importlib
 import click
 
 from tiering import __version__
+from tiering.cli.log_options import LogOptions, format_option, level_option
 
 # name -> (module, attribute, one-line help shown by ``tiering --help``)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -47,9 +48,17 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tiering")
-def main() -> None:
+@level_option
+@format_option
+@click.pass_context
+def main(ctx: click.Context, log_level: str | None, log_format: str | None) -> None:
     """Tiered storage for an existing Apache Kafka cluster.
 
     A sidecar beside each broker uploads rolled segments to object storage, keeps a small hot set
     on the broker's disk and serves catch-up reads from the remote copy.
+
+    Logs go to stderr (readable lines at WARNING; JSON lines at INFO for sidecar run and reader serve),
+    command output to stdout.
     """
+    ctx.obj = LogOptions(log_level, log_format)
+    ctx.obj.apply(service=False)

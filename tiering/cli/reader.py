@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tiering_core import logs
+from tiering.cli.log_options import LEVELS, service_logging
 from tiering_core.errors import TieringError
 
 
@@ -23,8 +23,9 @@ def reader() -> None:
 )  # fmt: skip
 @click.option("--host", default=None, help="Address to listen on (default: http.host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="TCP port (default: http.port, 8470).")
-@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
-def serve_command(config_file: Path | None, host: str | None, port: int | None, log_level: str) -> None:
+@click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), default=None,
+              help="As the root option `tiering --log-level` [default: INFO].")  # fmt: skip
+def serve_command(config_file: Path | None, host: str | None, port: int | None, log_level: str | None) -> None:
     """Serve records of tiered topics over HTTP, from remote storage, until SIGTERM.
 
     \b
@@ -40,7 +41,7 @@ def serve_command(config_file: Path | None, host: str | None, port: int | None, 
     """
     from reader.http import load_service_settings, serve
 
-    logs.configure(log_level)
+    service_logging(log_level)
     overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     try:
         settings = load_service_settings(config_file)
