@@ -134,6 +134,39 @@ def test_offset_below_remote_start_is_out_of_range(tiered: TieredTopic) -> None:
         assert consumer.position([TopicPartition(tiered.topic, 0)])[0].offset == -1001
 
 
+def test_seek_moves_between_remote_and_broker_and_watermarks_start_at_the_remote_start(tiered: TieredTopic) -> None:
+    lx = tiered.log_start()
+    config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+              "isolation.level": "read_uncommitted", "enable.auto.commit": False}  # fmt: skip
+    tp = TopicPartition(tiered.topic, 0)
+    with TieredConsumer(config, tiered.reader_settings()) as consumer:
+        consumer.assign([TopicPartition(tiered.topic, 0, lx)])
+        low, high = consumer.get_watermark_offsets(tp)
+        assert low == 0 and high == tiered.end_offset()
+
+        def next_message() -> Any:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                got = [m for m in consumer.consume(1, 1.0) if m.error() is None]
+                if got:
+                    return got[0]
+            raise AssertionError("no message")
+
+        first = next_message()
+        assert isinstance(first, Message) and first.offset() >= lx
+        for offset in (5, lx + 3, 117):  # broker -> remote, remote -> broker, broker -> remote
+            want = min(o for o in tiered.produced if o >= offset)
+            consumer.seek(TopicPartition(tiered.topic, 0, offset))
+            m = next_message()
+            assert m.offset() == want and as_record(m) == tiered.produced[want]
+            assert isinstance(m, TieredMessage) == (offset < lx)
+            assert consumer.position([tp])[0].offset == want + 1
+        consumer.pause([tp])
+        assert consumer.consume(10, 1.0) == []
+        consumer.resume([tp])
+        assert next_message().offset() == 118
+
+
 def test_consume_command_prints_remote_then_broker_records(tiered: TieredTopic) -> None:
     total = len(tiered.produced)
     result = CliRunner().invoke(
