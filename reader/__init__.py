@@ -9,8 +9,10 @@ The API, in the order a reader uses it:
 - ``RemoteReader``: ``locate`` a copy (``SegmentCopy``: manifest, offset index, aborted
   transactions), ``fetch(topic, partition, offset, max_bytes)`` whole verified record batches
   (``RemoteFetch``, raw bytes as Kafka wrote them), ``read_range`` of a copy's ``.log``.
-- ``PartitionStream`` (``RemoteReader.stream``): sequential decoded reads with read-ahead into the
-  memory pool (hard byte cap), the next segment fetched ahead, read_committed filtering.
+- ``PartitionStream(reader, topic, partition, offset)``: sequential decoded reads with read-ahead into
+  the memory pool (hard byte cap), the next segment fetched ahead, read_committed filtering.
+- ``HotDataPreloader``: started by ``RemoteReader`` when ``hot_data_interval_seconds`` is set; warms the
+  disk cache for consumer groups' committed offsets below the broker's log start while idle.
 - ``TieredConsumer``: ``confluent_kafka.Consumer``'s interface; offsets below the broker's log start
   come from the remote copies, then it hands over to the broker with no gap and no duplicate.
 
@@ -31,6 +33,7 @@ from reader.errors import (
     RemoteUnavailable,
     UnknownTopic,
 )
+from reader.hotdata import HotDataPreloader
 from reader.messages import TieredEvent, TieredMessage
 from reader.remote import RemoteFetch, RemoteReader
 from reader.segments import SegmentCopy
@@ -39,6 +42,7 @@ from reader.txn import AbortFilter, TxnView
 
 __all__ = [
     "AbortFilter",
+    "HotDataPreloader",
     "MetadataCatalog",
     "NotInRemote",
     "OffsetOutOfRange",
