@@ -24,9 +24,7 @@ from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.sidecar_config import write_sidecar_config
 from tiering.bench.upload import run_sampled
 from tiering.cli.main import main as tiering_main
-from tiering.config import load_settings
-from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.runner import Sidecar
+from tiering.sidecar.inprocess import tier_until
 from tiering_core.produce import produce_waiting
 
 _CHILD = "from tiering.bench.catchup import child_main; child_main()"
@@ -88,21 +86,8 @@ def _tier(config: Path, topic: str, end: int, segment: int) -> None:
     """Enable tiering with a small local retention and run the sidecar until the broker keeps only its tail."""
     tiering_main(["topic", "enable", topic, "--local-retention-bytes", str(segment), "--config", str(config)],
                  standalone_mode=False)  # fmt: skip
-    ctx = SidecarContext.build(load_settings(config))
-    sidecar = Sidecar(ctx)
-    sidecar.start()
-    try:
-        deadline = time.monotonic() + 1800
-        while time.monotonic() < deadline:
-            sidecar.tick()
-            lx = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx
-            if lx >= end * 0.75:
-                return
-            time.sleep(1)
+    if not tier_until(config, lambda ctx: ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx >= end * 0.75, 1800):
         raise click.ClickException(f"tiering {topic} did not get the log start past 75% within 30 minutes")
-    finally:
-        sidecar.stop()
-        sidecar.close()
 
 
 @click.command()

@@ -19,7 +19,7 @@ from reader import TieredConsumer, TieredMessage, load_reader_settings
 from tiering.cli.topic import enable, status
 from tiering.config import load_settings
 from tiering.sidecar.context import SidecarContext
-from tiering.sidecar.runner import Sidecar
+from tiering.sidecar.inprocess import tier_until
 from tiering_core.formats import iter_batches, list_segments, mapped, scan_headers
 from tiering_core.kafka_logs import admin_client, kafka_logging
 from tiering_core.produce import produce_waiting
@@ -130,20 +130,12 @@ def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
     console.print(f"sidecar configuration: {config}")
     click_ctx.invoke(enable, name=topic, local_retention_ms=-2, local_retention_bytes=2 * 1024 * 1024,
                      config_file=config)  # fmt: skip
-    ctx = SidecarContext.build(load_settings(config))
-    sidecar = Sidecar(ctx)
-    sidecar.start()
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            sidecar.tick()
-            offsets = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)]
-            if offsets.lx > 0 and len(list_segments(partition_dir)) <= 4:
-                break
-            time.sleep(1)
-    finally:
-        sidecar.stop()
-        sidecar.close()
+
+    def tiered(ctx: SidecarContext) -> bool:
+        offsets = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)]
+        return offsets.lx > 0 and len(list_segments(partition_dir)) <= 4
+
+    tier_until(config, tiered, 120)
     console.rule("5. the broker's segments after local retention (older data now lives in S3)")
     show_segments(partition_dir)
     console.rule("6. tiering status")
