@@ -93,6 +93,7 @@ class CatchUpReader:
     got: dict[int, bytes | None] = field(default_factory=dict)
     twice: list[int] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
     failure: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -109,8 +110,10 @@ class CatchUpReader:
                 self._retrying(lambda: consumer.assign([TopicPartition(self.topic, 0, 0)]))
                 while not self.stop.is_set() and len(self.got) < self.end:
                     message = self._retrying(lambda: consumer.poll(0.5))
+                    if message is not None and message.error() is not None:
+                        self.errors.append(str(message.error()))  # while a broker is away: retried by the consumer
                     if message is None or message.error() is not None:
-                        continue  # errors while a broker is away are retried by the consumer
+                        continue
                     if message.offset() in self.got:
                         self.twice.append(message.offset())
                     self.got[message.offset()] = message.value()
@@ -194,7 +197,10 @@ def test_leader_pod_lost_during_uploads_and_catch_up_reads_loses_nothing(
     assert reader.failure is None, f"the catch-up reader failed: {reader.failure!r}"
     assert not reader.twice, f"the catch-up reader got offsets twice: {reader.twice[:10]}"
     missing = sorted(set(range(30_000)) - set(reader.got))
-    assert not missing, f"the catch-up reader missed {len(missing)} offsets, the first {missing[:5]}"
+    assert not missing, (
+        f"the catch-up reader missed {len(missing)} offsets, the first {missing[:5]}; "
+        f"error events {reader.errors[:3]} (of {len(reader.errors)}), retried {reader.retried[:3]}"
+    )
     differ = [o for o in range(30_000) if reader.got[o] != produced[o]]
     assert not differ and len(reader.got) == 30_000, f"the catch-up reader's records differ at {differ[:5]}"
 
