@@ -27,6 +27,7 @@ from metadata.records import (
     topic_id_str,
 )
 from tiering_core.errors import TieringError
+from tiering_core.kafka_client import make_client
 from tiering_core.kafka_logs import admin_client, kafka_logging
 from tiering_core.logs import get_logger
 from tiering_core.produce import produce_waiting
@@ -158,7 +159,8 @@ class MetadataWal:
         with self._producer_lock:
             if self._producer is not None:
                 return self._producer
-            producer = self._producer = Producer(
+            producer = self._producer = make_client(
+                Producer,
                 {
                     "bootstrap.servers": self.bootstrap,
                     "enable.idempotence": True,
@@ -166,7 +168,7 @@ class MetadataWal:
                     "linger.ms": 1,
                     "compression.type": "lz4",
                     **self.client_config,
-                }
+                },
             )
             self._poller = threading.Thread(
                 target=self._poll_loop, args=(producer,), name="wal-producer-poll", daemon=True
@@ -267,7 +269,8 @@ class MetadataWal:
         )
 
     def _consumer(self) -> Consumer:
-        return Consumer(
+        return make_client(
+            Consumer,
             {
                 "bootstrap.servers": self.bootstrap,
                 "group.id": f"{self.topic}-reader",
@@ -279,7 +282,7 @@ class MetadataWal:
                 "queued.max.messages.kbytes": 256 * 1024,
                 "fetch.wait.max.ms": 100,
                 **self.client_config,
-            }
+            },
         )
 
     def read(self, start: dict[int, int], stop: threading.Event | None = None, batch: int = 10000,

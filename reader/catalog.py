@@ -25,6 +25,7 @@ from metadata.records import topic_id_bytes
 from reader.config import ReaderSettings
 from reader.errors import UnknownTopic
 from segment_fsm import SegmentState, TopicTiering
+from tiering_core.kafka_client import client_properties
 from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError, TopicInfo
 from tiering_core.logs import get_logger
 from tiering_core.objects import SegmentRef
@@ -42,7 +43,8 @@ class MetadataCatalog:
         self.settings = settings
         self.prefix = settings.remote_storage.prefix
         self.cluster = cluster
-        self.wal = MetadataWal(settings.bootstrap_servers, settings.metadata_topic)
+        self.wal = MetadataWal(settings.bootstrap_servers, settings.metadata_topic,
+                               client_config=client_properties(settings.kafka_client))  # fmt: skip
         self._watched: set[str] = set(topics) if topics is not None else set()
         self._all = topics is None
         self._infos: dict[str, TopicInfo] = {}

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tiering_core.kafka_client import KafkaClientProperties
 from tiering_core.settings import load_settings_file
 from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
@@ -24,6 +25,11 @@ class ReaderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIERING_", env_nested_delimiter="__", extra="ignore")
 
     bootstrap_servers: str = Field(description="Kafka bootstrap servers of the cluster whose topics are read.")
+    kafka_client: KafkaClientProperties = Field(
+        default_factory=dict,
+        description="librdkafka properties for every Kafka client (security.protocol, sasl.mechanism, sasl.username, "
+        "sasl.password, ssl.ca.location...); env TIERING_KAFKA_CLIENT__SASL_PASSWORD (_ for .).",
+    )
     remote_storage: StoreConfig = Field(
         default_factory=lambda: FileSystemStoreConfig(root=Path("/var/lib/tiering/remote")),
         description="Where the sidecars put the segments (the same settings as the sidecar's).",

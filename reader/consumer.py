@@ -48,6 +48,7 @@ RETRY_SECONDS = 1.0
 _EARLIEST = {"smallest", "earliest", "beginning"}
 _LATEST = {"largest", "latest", "end"}
 _TRUE = {"true", "1", "yes"}
+_SECURITY = ("security.", "sasl.", "ssl.")  # the librdkafka properties a catalog needs to connect as the consumer does
 Callback = Callable[[Any, list[TopicPartition]], None]
 
 
@@ -95,7 +96,9 @@ class TieredConsumer:
         inner = {**config, "auto.offset.reset": "error", "enable.auto.commit": False, "enable.auto.offset.store": False}
         self._inner = Consumer(inner)
         if reader is None:
-            settings = settings or load_reader_settings(bootstrap_servers=config["bootstrap.servers"])
+            security = {k: v for k, v in config.items() if k.startswith(_SECURITY)}  # the catalog connects as well
+            overrides = {"kafka_client": security} if security else {}
+            settings = settings or load_reader_settings(bootstrap_servers=config["bootstrap.servers"], **overrides)
             reader = RemoteReader.open(settings, [])
             self._owns_reader = True
         else:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import threading
 
 from confluent_kafka import ConsumerGroupTopicPartitions
-from confluent_kafka.admin import AdminClient
 
 from reader.errors import RemoteReadError
 from reader.remote import RemoteReader
 from reader.stream import windows_from
+from tiering_core.kafka_client import client_properties
+from tiering_core.kafka_logs import admin_client
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -32,7 +33,8 @@ class HotDataPreloader:
         self.reader = reader
         self.interval = interval
         self.settings = reader.settings
-        self.admin = AdminClient({"bootstrap.servers": reader.settings.bootstrap_servers})
+        self.admin = admin_client({"bootstrap.servers": reader.settings.bootstrap_servers,
+                                   **client_properties(reader.settings.kafka_client)})  # fmt: skip
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="hot-data", daemon=True)
         self.warmed = 0

@@ -27,6 +27,7 @@ from reader.pool import MemoryPool
 from reader.segments import SegmentCopy, SegmentIndexCache
 from reader.txn import TxnView, transactions_for
 from tiering_core.formats import BatchHeader
+from tiering_core.kafka_client import client_properties
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.logs import get_logger
 from tiering_core.stores.base import RemoteStore
@@ -72,7 +73,8 @@ class RemoteReader:
     def open(cls, settings: ReaderSettings, topics: list[str] | None = None) -> RemoteReader:
         """A reader with its own store, cluster client and started catalog (following ``topics``' metadata)."""
         store = open_store(settings.remote_storage)
-        catalog = MetadataCatalog(settings, store, KafkaCluster(settings.bootstrap_servers), topics).start()
+        cluster = KafkaCluster(settings.bootstrap_servers, client_config=client_properties(settings.kafka_client))
+        catalog = MetadataCatalog(settings, store, cluster, topics).start()
         return cls(settings, catalog, store)
 
     def close(self) -> None:

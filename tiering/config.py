@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tiering_core.backoff import Backoff
 from tiering_core.errors import ConfigError
+from tiering_core.kafka_client import KafkaClientProperties
 from tiering_core.settings import load_settings_file
 from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
@@ -23,6 +24,11 @@ class SidecarSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIERING_", env_nested_delimiter="__", extra="forbid")
 
     bootstrap_servers: str = Field(description="Kafka bootstrap servers (the local broker is enough).")
+    kafka_client: KafkaClientProperties = Field(
+        default_factory=dict,
+        description="librdkafka properties for every Kafka client (security.protocol, sasl.mechanism, sasl.username, "
+        "sasl.password, ssl.ca.location...); env TIERING_KAFKA_CLIENT__SASL_PASSWORD (_ for .).",
+    )
     log_dirs: Annotated[list[Path], NoDecode] = Field(description="The broker's log.dirs (comma-separated in env).")
     broker_id: int | None = Field(default=None, description="This broker's node.id; default: from meta.properties.")
     state_dir: Path = Field(default=Path("/var/lib/tiering"), description="Snapshots and the status file.")

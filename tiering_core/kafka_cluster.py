@@ -7,7 +7,7 @@ and failures surface as ``KafkaClusterError`` naming the topic or partition.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -87,10 +87,13 @@ def kafka_topic_id(text: str) -> str:
 class KafkaCluster:
     """A thin, typed view of the cluster for the sidecar and the CLI."""
 
-    def __init__(self, bootstrap: str, *, timeout: float = 15.0, **client_config: Any) -> None:
+    def __init__(
+        self, bootstrap: str, *, timeout: float = 15.0, client_config: Mapping[str, str] | None = None
+    ) -> None:
+        """``client_config``: further librdkafka properties (``kafka_client``: security...)."""
         self.bootstrap = bootstrap
         self.timeout = timeout
-        self._config = {"bootstrap.servers": bootstrap, **client_config}
+        self._config = {"bootstrap.servers": bootstrap, **(client_config or {})}
         self.admin = admin_client(self._config)
 
     def topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:

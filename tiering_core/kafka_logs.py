@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from tiering_core.backoff import Backoff
+from tiering_core.kafka_client import make_client
 from tiering_core.logs import StructuredLogger
 
 
@@ -109,7 +110,7 @@ _POLLER = _AdminPoller()
 
 
 def admin_client(config: dict[str, Any]) -> AdminClient:
-    """An AdminClient whose librdkafka log lines reach the structured log."""
-    admin = AdminClient({**kafka_logging(), **config})
+    """An AdminClient whose librdkafka log lines reach the structured log (ConfigError: see ``make_client``)."""
+    admin = make_client(AdminClient, {**kafka_logging(), **config})
     _POLLER.add(admin)
     return admin

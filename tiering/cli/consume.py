@@ -13,6 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 from reader import ReaderSettings, TieredConsumer, TieredMessage, load_reader_settings
 from tiering.cli.common import config_option
 from tiering_core.errors import TieringError
+from tiering_core.kafka_client import client_properties
 from tiering_core.kafka_logs import kafka_logging
 
 
@@ -66,6 +67,7 @@ def consume(topic: str, from_beginning: bool, offset: int | None, partition: int
         "isolation.level": isolation_level,
         "enable.auto.commit": group is not None,
         **kafka_logging(),  # librdkafka's lines through the CLI's log, on stderr
+        **client_properties(settings.kafka_client),
     }
     count = 0
     try:

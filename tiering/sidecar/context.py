@@ -15,6 +15,7 @@ from tiering.copier import SegmentCopier
 from tiering.metrics import SidecarMetrics
 from tiering.observed_store import ObservedStore
 from tiering.sidecar.retry import Retrier
+from tiering_core.kafka_client import client_properties
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.ratelimit import RateLimiter
 from tiering_core.stores.factory import open_store
@@ -45,12 +46,18 @@ class SidecarContext:
     def build(cls, settings: SidecarSettings, *, writes_snapshots: bool = True) -> SidecarContext:
         """Everything the sidecar needs; ``writes_snapshots=False`` for CLI commands, which only read them."""
         broker_id = settings.resolve_broker_id()
+        kafka_client = client_properties(settings.kafka_client)
         metrics = SidecarMetrics()
         prefix = settings.remote_storage.prefix
         store = ObservedStore(open_store(settings.remote_storage), metrics, probe_key=f"{prefix}/.probe")
         snapshots: SnapshotStore = StoreSnapshots(store, prefix)
         manager = MetadataManager(
-            MetadataWal(settings.bootstrap_servers, settings.metadata_topic, settings.metadata_partitions),
+            MetadataWal(
+                settings.bootstrap_servers,
+                settings.metadata_topic,
+                settings.metadata_partitions,
+                client_config=kafka_client,
+            ),
             settings.state_dir / "snapshots",
             remote=snapshots,
             remote_prefix=snapshot_prefix(settings.metadata_topic),
@@ -65,7 +72,7 @@ class SidecarContext:
         return cls(
             settings=settings,
             broker_id=broker_id,
-            cluster=KafkaCluster(settings.bootstrap_servers),
+            cluster=KafkaCluster(settings.bootstrap_servers, client_config=kafka_client),
             manager=manager,
             store=store,
             copier=copier,
