@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,9 +195,6 @@ class SegmentCopier:
             if legacy is None:
                 raise
             return Manifest.decode(self.store.get_bytes(legacy), legacy)
-
-    def new_ref(self, topic: str, topic_id: str, partition: int, base_offset: int) -> SegmentRef:
-        return SegmentRef(topic, topic_id, partition, base_offset, uuid.uuid4())
 
 
 def _read_optional(path: Path) -> bytes:

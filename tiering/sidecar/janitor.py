@@ -15,7 +15,6 @@ import os
 from dataclasses import asdict
 from functools import partial
 
-from metadata import PartitionDeleteRecord
 from metadata.records import topic_id_str
 from segment_fsm import PartitionDeleteState
 from tiering.policy.deleted_topics import Absence, counted_gap_ms, observe
@@ -90,34 +89,26 @@ class DeletedTopicsJanitor:
                 continue  # there, or no evidence in this answer
             absence = absences.get(topic_id)
             if current == STARTED or (absence is not None and absence.due(grace_ms)):
-                scope = Scope(topic, topic_id, num)  # each partition on its own: a failure backs off alone
-                done = ctx.retry.run(scope, "delete_partition", partial(_delete_partition, ctx, scope, fence, current))
+                writer = PartitionWriter(ctx, Scope(topic, topic_id, num), *fence)
+                # each partition on its own: a failure backs off alone
+                done = ctx.retry.run(writer.scope, "delete_partition", partial(_delete_partition, writer, current))
                 finished += bool(done)
         return finished
 
 
-def _delete_partition(ctx: SidecarContext, scope: Scope, fence: tuple[int, int],
-                      current: PartitionDeleteState | None) -> bool:  # fmt: skip
+def _delete_partition(writer: PartitionWriter, current: PartitionDeleteState | None) -> bool:
     """One deleted partition: MARKED, STARTED, every copy deleted, leftovers deleted, FINISHED. Raises on
     failure (the caller retries with backoff); True when DELETE_PARTITION_FINISHED was written."""
-    topic, topic_id, num = scope
-    epoch, token = fence
-
-    def record(state: PartitionDeleteState) -> PartitionDeleteRecord:
-        return PartitionDeleteRecord(topic=topic, topic_id=topic_id, partition=num, state=state,
-                                     broker_id=ctx.broker_id, leader_epoch=epoch, fencing_token=token,
-                                     event_time=ctx.now_ms())  # fmt: skip
-
+    publish = writer.ctx.manager.publish
     for state in (PartitionDeleteState.DELETE_PARTITION_MARKED, PartitionDeleteState.DELETE_PARTITION_STARTED):
         if current is None or current < state:
-            ctx.manager.publish(record(state))
-    writer = PartitionWriter(ctx, scope, epoch, token)
+            publish(writer.partition_delete_record(state))
     segments = writer.undeleted_copies()
     if not all(writer.delete_copy(s) for s in segments):
         return False
     leftovers = writer.delete_leftovers()
-    if not ctx.manager.publish(record(PartitionDeleteState.DELETE_PARTITION_FINISHED)).accepted:
+    if not publish(writer.partition_delete_record(PartitionDeleteState.DELETE_PARTITION_FINISHED)).accepted:
         return False
-    log.info("deleted the remote data of a deleted topic's partition", topic=topic, partition=num,
-             segments=len(segments), leftover_objects=leftovers)  # fmt: skip
+    log.info("deleted the remote data of a deleted topic's partition", topic=writer.scope.topic,
+             partition=writer.scope.partition, segments=len(segments), leftover_objects=leftovers)  # fmt: skip
     return True

@@ -11,9 +11,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
-from metadata import LogStartRecord, SegmentRecord
+from metadata import LogStartRecord, PartitionDeleteRecord, SegmentRecord
 from metadata.partition import RemoteSegment
-from segment_fsm import LogStartKind, LogStarts, SegmentState
+from segment_fsm import LogStartKind, LogStarts, PartitionDeleteState, SegmentState
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.retry import Scope
 from tiering_core.logs import get_logger
@@ -78,6 +78,13 @@ class PartitionWriter:
         ))  # fmt: skip
 
     # -- deleting ------------------------------------------------------------------------------
+    def partition_delete_record(self, state: PartitionDeleteState) -> PartitionDeleteRecord:
+        """The record of the (deleted topic's) partition entering ``state``."""
+        topic, topic_id, partition = self.scope
+        return PartitionDeleteRecord(topic=topic, topic_id=topic_id, partition=partition, state=state,
+                                     broker_id=self.ctx.broker_id, leader_epoch=self.epoch, fencing_token=self.token,
+                                     event_time=self.ctx.now_ms())  # fmt: skip
+
     def delete_copy(self, seg: RemoteSegment) -> bool:
         """Delete a remote copy through the FSM (idempotent). True when DELETE_SEGMENT_FINISHED, False when
         the metadata refused a transition; RemoteStoreError when the store failed (the copy stays in
