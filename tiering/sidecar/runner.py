@@ -161,8 +161,8 @@ class Sidecar:
         for topic_id, partition in gone:
             task = self.tasks.pop((topic_id, partition))
             task.close()
-            log.info("partition no longer led by this broker", topic=task.scope.topic, topic_id=topic_id,
-                     partition=partition)  # fmt: skip
+            log.info("partition dropped: led elsewhere now, deleted, or rolled back with nothing remote",
+                     topic=task.scope.topic, topic_id=topic_id, partition=partition)  # fmt: skip
         self._release_leases(gone)
 
     def _janitor(self) -> None:
