@@ -58,6 +58,7 @@ class MetadataWal:
         self.partitions = partitions
         self.timeout = timeout
         self.client_config = {**kafka_logging(), **(client_config or {})}
+        self.integrity_check_seconds = 10.0  # how often a follower checks the WAL still holds what it read
         self.topic_id: str | None = None  # the WAL topic's Kafka id, known after ensure_topic()
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
@@ -302,12 +303,17 @@ class MetadataWal:
         expected = {p: start.get(p, 0) for p in chosen}
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in expected.items()])
         remaining = {p: o for p, o in (until or {}).items() if o > start.get(p, 0)}
+        next_check = time.monotonic() + self.integrity_check_seconds
+        suspects: set[int] = set()
         try:
             while True:
                 if until is not None and not remaining:
                     return
                 if stop is not None and stop.is_set():
                     return
+                if until is None and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.integrity_check_seconds
+                    self._check_still_holds(expected, suspects)
                 messages = consumer.consume(1, 0.2)  # wait for the first message only, then
                 if messages:  # take what has already arrived: no waiting for a full batch
                     messages += consumer.consume(batch - 1, 0)
@@ -334,6 +340,29 @@ class MetadataWal:
                     yield good
         finally:
             consumer.close()
+
+    def _check_still_holds(self, expected: dict[int, int], suspects: set[int]) -> None:
+        """Raise WalGap when the WAL no longer holds what a follower read: the topic was deleted and created
+        again (another id), or a partition ends below the next offset expected in two checks in a row
+        (``suspects`` carries the partitions seen short last time). librdkafka does not always report a
+        reset when a topic is re-created under a consumer, so a follower asks now and then. When Kafka
+        does not answer, nothing can be told: the next check asks again."""
+        try:
+            described = self._admin().describe_topics(TopicCollection([self.topic]))[self.topic].result(5)
+            topic_id = topic_id_str(topic_id_bytes(str(described.topic_id)))
+            wanted = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in expected}
+            futures = self._admin().list_offsets(wanted, request_timeout=5)
+            ends = {tp.partition: f.result().offset for tp, f in futures.items()}
+        except Exception:  # unknown now (Kafka down, the topic being re-created): asked again later
+            return
+        if self.topic_id is not None and topic_id != self.topic_id:
+            p = min(expected, key=lambda q: (expected[q] == 0, q))  # a partition that had records, if any
+            raise self.gap(p, expected[p], f"the topic was created again (id {topic_id}, was {self.topic_id})")
+        short = {p for p, end in ends.items() if 0 <= end < expected[p]}
+        for p in sorted(short & suspects):  # twice in a row: a new leader's high watermark lags only briefly
+            raise self.gap(p, expected[p], f"the WAL now ends at offset {ends[p]}")
+        suspects.clear()
+        suspects.update(short)
 
     def _held(self, consumer: Consumer, partition: int) -> str:
         try:
