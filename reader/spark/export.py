@@ -52,6 +52,7 @@ class ExportRequest:
     value_format: Literal["binary", "json"] = "binary"
     json_schema: str | None = None  # DDL; inferred from a sample when None
     local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
+    local_tail_client: dict[str, str] = field(default_factory=dict)  # their librdkafka properties (security...)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,8 @@ def _delta_committed_ends(spark: SparkSession, request: ExportRequest) -> dict[i
 def _tail_options(request: ExportRequest) -> dict[str, str]:
     if request.local_tail_bootstrap is None:
         return {}
-    return {"includeLocalTail": "true", "kafka.bootstrap.servers": request.local_tail_bootstrap}
+    client = {f"kafka.{name}": value for name, value in request.local_tail_client.items()}
+    return {"includeLocalTail": "true", "kafka.bootstrap.servers": request.local_tail_bootstrap, **client}
 
 
 def _offsets_option(name: str, topic: str, offsets: dict[int, int]) -> dict[str, str]:

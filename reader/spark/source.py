@@ -62,7 +62,8 @@ def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], 
     if not opts.include_local_tail:
         return partitions, ranges
     topics = opts.topics or sorted({rp.topic for rp in found})
-    cluster = KafkaCluster(opts.kafka["bootstrap.servers"])
+    client = {name: value for name, value in opts.kafka.items() if name != "bootstrap.servers"}  # security...
+    cluster = KafkaCluster(opts.kafka["bootstrap.servers"], client_config=client)
     known = {(rp.topic, rp.partition): rp for rp in partitions}
     starting = opts.starting or {}
     aligned, extended = [], []

@@ -1,9 +1,9 @@
 """The ``kafka_client`` settings reach every Kafka client the project makes: on a broker whose only listener
 needs SASL/PLAIN, the sidecar (admin client, metadata WAL producer and consumer) tiers a topic and local
-retention releases what is remote, and ``tiering consume`` (the reader's catalog and consumer) reads it all
-back byte for byte, as does a TieredConsumer given the SASL properties in its consumer configuration only;
-``tiering topic status`` works through it too. The password comes from
-``TIERING_KAFKA_CLIENT__SASL_PASSWORD`` and shows nowhere."""
+retention releases what is remote; ``tiering consume`` (the reader's catalog and consumer) reads it all
+back byte for byte, and so does ``tiering export --include-local-tail`` (its broker tail), as does a
+TieredConsumer given the SASL properties in its consumer configuration only; ``tiering topic status``
+works through it too. The password comes from ``TIERING_KAFKA_CLIENT__SASL_PASSWORD`` and shows nowhere."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.dataset as pads
 import pytest
 import yaml
 from confluent_kafka import Producer, TopicPartition
@@ -81,6 +82,19 @@ def test_sidecar_and_reader_work_through_a_sasl_listener(
     assert status.returncode == 0, status.stderr[-3000:]
     assert json.loads(status.stdout)["topic"] == topic
     assert PASSWORD not in consumed.stderr.decode() + status.stderr + status.stdout
+
+    # The Spark export's local tail reads the untiered rest from the broker through the same listener.
+    out = tmp_path / "export"
+    exported = subprocess.run(
+        [sys.executable, "-m", "tiering", "export", topic, "--format", "parquet", "--path", str(out),
+         "--include-local-tail", "--config", str(path)],
+        capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    table = pads.dataset(str(out), format="parquet", partitioning="hive").to_table(columns=["offset", "value"])
+    rows = sorted(zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True))
+    assert rows == list(enumerate(produced)), "the export (remote part and broker tail) differs from what was produced"
+    assert PASSWORD not in exported.stderr + exported.stdout
 
     # A TieredConsumer given only a consumer configuration: its catalog logs in with the consumer's own
     # SASL properties (where the remote copies are comes from TIERING_* variables).

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tiering.cli.common import config_option, settings_from
 from tiering_core.errors import TieringError
+from tiering_core.kafka_client import client_properties
 from tiering_core.stores.base import RemoteStoreError
 
 console = Console(stderr=True)
@@ -116,6 +117,7 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         starting=starting, ending=ending, starting_timestamp=start_ts, ending_timestamp=end_ts,
         incremental=incremental, value_format=value_format, json_schema=json_schema,  # type: ignore[arg-type]
         local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
+        local_tail_client=client_properties(settings.kafka_client) if include_local_tail else {},
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
