@@ -155,11 +155,15 @@ class MetadataCatalog:
         return self.manager.segment_for_offset(self.topic_id(topic), partition, offset)
 
     def remote_offsets(self, topic: str, partition: int) -> tuple[int | None, int | None]:
-        """(Rx, Ry): remote start and end offsets (inclusive), (None, None) while nothing is remote."""
+        """(Rx, Ry): remote start and end offsets (inclusive), (None, None) while nothing is remote.
+
+        Rx is never below the log start offset a user set with ``delete_records`` (as the sidecar recorded
+        it): the records below are deleted for every reader, as in the broker, even while a copy that
+        straddles that offset still holds them. Rx may then exceed Ry: nothing remote is readable."""
         state = self.manager.partition_state(self.topic_id(topic), partition)
-        if state is None:
+        if state is None or state.remote_start_offset is None:
             return None, None
-        return state.remote_start_offset, state.remote_end_offset
+        return max(state.remote_start_offset, state.log_starts.log_start), state.remote_end_offset
 
     def ref(self, topic: str, partition: int, segment: RemoteSegment) -> SegmentRef:
         """The object keys' identity of a copy."""

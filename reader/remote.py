@@ -99,19 +99,21 @@ class RemoteReader:
         either, waits until the metadata WAL's current records are applied.
         """
         for attempt in (0, 1):
-            found = self.catalog.copy_for_offset(topic, partition, offset)
-            if found is None:
+            rx, ry = self.catalog.remote_offsets(topic, partition)
+            below = rx is not None and offset < rx  # also inside a copy, below a user's delete_records
+            found = None if below else self.catalog.copy_for_offset(topic, partition, offset)
+            if found is None and not below:
                 found = next((c for c in self.catalog.copies(topic, partition) if c.base_offset > offset), None)
-                rx, ry = self.catalog.remote_offsets(topic, partition)
-                if found is None or (rx is not None and offset < rx):
-                    if attempt == 0:
-                        self.catalog.catch_up()
-                        continue
-                    if rx is not None and offset < rx:
-                        raise OffsetOutOfRange(topic, partition, offset, rx, None)
-                    raise NotInRemote(topic, partition, offset, ry)
-                log.warning("offsets without a remote copy skipped", topic=topic, partition=partition,
-                            offset=offset, next_copy=found.base_offset)  # fmt: skip
+                if found is not None:
+                    log.warning("offsets without a remote copy skipped", topic=topic, partition=partition,
+                                offset=offset, next_copy=found.base_offset)  # fmt: skip
+            if found is None:
+                if attempt == 0:
+                    self.catalog.catch_up()
+                    continue
+                if below:
+                    raise OffsetOutOfRange(topic, partition, offset, rx, None)
+                raise NotInRemote(topic, partition, offset, ry)
             return self.indexes.get(self.catalog.ref(topic, partition, found))
         raise AssertionError("unreachable")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer, TopicPartition
 
 from deploy.kafka import run_kafka_tool
 from deploy.stack import Endpoints
+from reader import TieredConsumer, load_reader_settings
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.sidecar_harness import decoded_offsets, local_offsets, settings, snapshot_segments, wait_for, write_config
@@ -180,6 +182,16 @@ def kafka_delete_records(bootstrap: str, topic: str, partition: int, offset: int
     return done.stdout
 
 
+def first_event(consumer: TieredConsumer, timeout: float = 60) -> Message:
+    """The first message or error event the consumer delivers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is not None:
+            return message
+    raise AssertionError(f"nothing delivered within {timeout:.0f} s")
+
+
 def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_does(
     stack: Endpoints, tmp_path: Path
 ) -> None:
@@ -211,8 +223,11 @@ def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_d
         ry = state.remote_end_offset
         assert ry is not None and lx(ctx) <= ry
 
-        user_start = (lx(ctx) + ry) // 2  # inside the local data that is also remote
-        assert lx(ctx) < user_start
+        # inside the local data that is also remote, and inside a copy (not at its base): that copy straddles it
+        holder = ctx.manager.segment_for_offset(topic_id, 0, (lx(ctx) + ry) // 2)
+        assert holder is not None
+        user_start = max(lx(ctx) + 1, holder.base_offset + 1)
+        assert holder.base_offset < user_start <= holder.end_offset
         kafka_delete_records(stack.bootstrap, topic, 0, user_start, tmp_path)
         assert lx(ctx) == user_start
 
@@ -229,6 +244,19 @@ def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_d
     gone = [c for c in copies if c.end_offset < user_start]
     stays = [c for c in copies if c.end_offset >= user_start]
     assert gone and stays
+    assert any(c.base_offset < user_start for c in stays), "no kept copy straddles the user's log start"
+    # Readers see the deletion as the broker does, also inside the copy that still holds deleted records.
+    group = {"bootstrap.servers": stack.bootstrap, "enable.auto.commit": False}
+    with TieredConsumer({**group, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"},
+                        load_reader_settings(config)) as reader:  # fmt: skip
+        reader.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        first = first_event(reader)
+        assert first.error() is None and first.offset() == user_start
+    with TieredConsumer({**group, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "error"},
+                        load_reader_settings(config)) as reader:  # fmt: skip
+        reader.assign([TopicPartition(topic, 0, user_start - 1)])
+        event = first_event(reader)
+        assert event.error() is not None and event.error().code() == KafkaError._AUTO_OFFSET_RESET, event.value()
     assert sorted(c.segment_id for c in kept) == sorted(c.segment_id for c in stays)
     for c in copies:
         ref = SegmentRef(topic, topic_id, 0, c.base_offset, uuid.UUID(bytes=c.segment_id))
