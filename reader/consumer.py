@@ -243,20 +243,27 @@ class TieredConsumer:
             offset = lx
         self._close_stream(part)
         part.position = offset
-        self._reposition(TopicPartition(*part.tp, offset))
-        if not part.paused:
-            self._inner.resume([TopicPartition(*part.tp)])
+        self._reposition(TopicPartition(*part.tp, offset), resume=not part.paused)
         log.info("handed over to the broker", topic=part.tp[0], partition=part.tp[1], offset=offset)
 
-    def _reposition(self, tp: TopicPartition) -> None:
-        """Make the inner consumer fetch ``tp`` from its offset (after an offset-reset error, seek is
-        refused: the partition is re-assigned instead)."""
+    def _reposition(self, tp: TopicPartition, resume: bool) -> None:
+        """Make the inner consumer fetch ``tp`` from its offset, resumed or left paused (after an
+        offset-reset error, seek is refused: the partition is re-assigned instead).
+
+        The resume comes before the seek: librdkafka's fetcher, told of a seek while the partition is
+        paused, sleeps up to a second before it sees the resume (measured: a one second stall at every
+        hand-over). What it fetches between the two is discarded by the seek's version barrier.
+        """
+        bare = TopicPartition(tp.topic, tp.partition)
+        if resume:
+            self._inner.resume([bare])
         try:
             self._inner.seek(tp)
         except KafkaException:
-            self._inner.incremental_unassign([TopicPartition(tp.topic, tp.partition)])
+            self._inner.incremental_unassign([bare])
             self._inner.incremental_assign([tp])
-            self._inner.pause([TopicPartition(tp.topic, tp.partition)])
+            if not resume:
+                self._inner.pause([bare])
 
     # -- consuming ------------------------------------------------------------------------------
     def poll(self, timeout: float | None = None) -> TieredMessage | Any | None:
@@ -327,9 +334,7 @@ class TieredConsumer:
             if isinstance(exc, OffsetOutOfRange) and self._reset in _LATEST:
                 self._close_stream(part)
                 part.position = None
-                self._reposition(TopicPartition(*part.tp, OFFSET_END))
-                if not part.paused:
-                    self._inner.resume([TopicPartition(*part.tp)])
+                self._reposition(TopicPartition(*part.tp, OFFSET_END), resume=not part.paused)
                 return False
             out.append(TieredEvent(*part.tp, stream.position, _error_for(exc)))
             part.retry_at = time.monotonic() + RETRY_SECONDS
@@ -419,9 +424,7 @@ class TieredConsumer:
             self._inner.pause([TopicPartition(*key)])
             return
         part.position = offset if offset >= 0 else None
-        self._reposition(TopicPartition(*key, offset))
-        if not part.paused:
-            self._inner.resume([TopicPartition(*key)])
+        self._reposition(TopicPartition(*key, offset), resume=not part.paused)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
