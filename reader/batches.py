@@ -37,16 +37,27 @@ def complete_prefix(key: str, buf: bytes | memoryview, base_position: int) -> in
 
 def checked_headers(key: str, buf: bytes | memoryview, base_position: int, first: int, last: int,
                     after: int) -> list[BatchHeader]:  # fmt: skip
-    """Headers of the whole batches in ``buf`` (all of it must be whole batches).
+    """Headers of the whole batches in ``buf`` (all of it must be whole batches), their offsets checked
+    (``scanned_headers`` then ``check_offsets``)."""
+    headers = scanned_headers(key, buf, base_position)
+    check_offsets(key, headers, base_position, first, last, after)
+    return headers
 
-    Offsets must lie in ``[first, last]`` (the copy's) and grow from above ``after`` (the last offset
-    seen before this buffer, or ``first - 1``). CRCs are checked later, by the decoder, for the batches
-    actually served. Positions in errors are positions in the object.
-    """
+
+def scanned_headers(key: str, buf: bytes | memoryview, base_position: int) -> list[BatchHeader]:
+    """Headers of the whole batches in ``buf`` (all of it must be whole batches); RemoteDataCorrupt naming
+    the position in the object (``buf`` starts at ``base_position``) for one that does not parse."""
     try:
-        headers = list(scan_headers(key, buf))
+        return list(scan_headers(key, buf))
     except FormatError as exc:
         raise RemoteDataCorrupt(key, base_position + exc.position, exc.reason) from exc
+
+
+def check_offsets(key: str, headers: list[BatchHeader], base_position: int, first: int, last: int,
+                  after: int) -> None:  # fmt: skip
+    """Offsets must lie in ``[first, last]`` (the copy's) and grow from above ``after`` (the last offset
+    seen before these batches, or ``first - 1``). CRCs are checked later, by the decoder, for the batches
+    actually served. Positions in errors are positions in the object."""
     for h in headers:
         if h.base_offset <= after or h.last_offset > last or h.base_offset < first:
             raise RemoteDataCorrupt(
@@ -54,4 +65,3 @@ def checked_headers(key: str, buf: bytes | memoryview, base_position: int, first
                 f"batch offsets {h.base_offset}..{h.last_offset} out of order or outside the copy's {first}..{last}",
             )  # fmt: skip
         after = h.last_offset
-    return headers

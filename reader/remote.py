@@ -62,7 +62,6 @@ class RemoteReader:
         self.indexes = SegmentIndexCache(self.fetcher, settings.remote_storage.prefix, settings.index_cache_segments)
         self.pool = MemoryPool(settings.prefetch_pool_bytes)
         self.executor = ThreadPoolExecutor(settings.download_max_concurrency + 1, thread_name_prefix="remote-read")
-        self.prepare = ThreadPoolExecutor(1, thread_name_prefix="remote-prepare")  # CRC + decompression
         self.preloader = None
         if settings.hot_data_interval_seconds:
             from reader.hotdata import HotDataPreloader  # it reads through this class: imported here, not above
@@ -81,7 +80,6 @@ class RemoteReader:
         if self.preloader is not None:
             self.preloader.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
-        self.prepare.shutdown(wait=True, cancel_futures=True)
         self.catalog.close()
 
     def __enter__(self) -> RemoteReader:

@@ -1,13 +1,21 @@
 """Sequential reads of one partition's remote data, with read-ahead into the memory pool.
 
-The copy's ``.log`` is read in windows of ``fetch_window_bytes`` aligned to the object (the first one
-starts at the offset index's position for the start offset), so windows are the unit of the memory
-pool and of the disk cache (keyed by object and exact range). Up to ``prefetch_windows`` windows after
-the one being decoded are downloaded in the background while the caller decodes (downloads release the
-GIL); when the last window of a copy is scheduled, the next copy is located and its indexes and first
-windows are fetched ahead too (Kafka's KIP-1003: signal the next segment). Read-ahead takes only free
-room in the pool and may be evicted; the window the caller needs is always downloaded
-(``MemoryPool``).
+The copy's ``.log`` is read in windows of about ``fetch_window_bytes`` that start and end at batch
+starts the offset index knows (the first one at the index's position for the start offset), so
+windows hold whole batches and are the unit of the memory pool and of the disk cache (keyed by object
+and exact range). Up to ``prefetch_windows`` windows after the one being decoded are downloaded in
+the background while the caller decodes; when the last window of a copy is scheduled, the next copy is
+located and its indexes and first windows are fetched ahead too (Kafka's KIP-1003: signal the next
+segment). Read-ahead takes only free room in the pool and may be evicted; the window the caller needs
+is always downloaded (``MemoryPool``).
+
+The download thread also prepares its window: batch CRCs checked and records sections decompressed
+(in C, the GIL released), the decompressed bytes charged to the pool too. The caller's thread only
+decodes records, checks offsets and the object's CRC-32C (in order, without releasing the GIL). This
+is about the GIL: a thread that releases it in a C call while another thread runs Python waits up to
+the interpreter's switch interval (5 ms) to get it back, so the C work runs well ahead of the decoder,
+on several threads, instead of just in time on the decoding thread or on one helper (measured: the
+decoder waited for its helper about as long as it decoded).
 
 ``record_class`` chooses the tuple type the decoder builds per batch (the consumer's message type,
 so a record is decoded straight into the object it delivers). ``read(timeout)`` returns the next
@@ -22,14 +30,16 @@ skipped or delivered twice.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import NamedTuple
 
 import crc32c
 
-from reader.batches import checked_headers, complete_prefix
+from reader.batches import check_offsets, complete_prefix, scanned_headers
 from reader.errors import RemoteDataCorrupt
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
@@ -44,9 +54,9 @@ IDLE, LOADING, READY, TAKEN = range(4)
 
 
 class _Window:
-    """Bytes ``[start, end)`` of a copy's ``.log``."""
+    """Bytes ``[start, end)`` of a copy's ``.log``, and once downloaded its batches prepared ahead."""
 
-    __slots__ = ("copy", "data", "done", "end", "error", "last", "start", "state")
+    __slots__ = ("copy", "data", "done", "end", "error", "extra", "last", "prepared", "start", "state")
 
     def __init__(self, copy: SegmentCopy, start: int, end: int) -> None:
         self.copy = copy
@@ -54,6 +64,8 @@ class _Window:
         self.end = end
         self.last = end >= copy.size
         self.data: bytes | None = None
+        self.prepared: _Prepared | None = None
+        self.extra = 0  # pool bytes held by the prepared payloads
         self.state = IDLE
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -68,35 +80,55 @@ FIRST_WINDOW = 256 * 1024  # a reader's first window: its records are decoded an
 
 
 def windows_from(copy: SegmentCopy, start: int, width: int, first: int = FIRST_WINDOW) -> list[_Window]:
-    """The copy's windows from byte ``start`` (a batch boundary) on: the first is at most ``first`` bytes
-    and ends before the next multiple of ``width``, the others are aligned. The hot-data preloader
-    fetches the same ranges into the disk cache."""
-    out = []
-    limit = start + first
-    while start < copy.size:
-        end = min(copy.size, (start // width + 1) * width, limit)
-        limit = copy.size
-        out.append(_Window(copy, start, end))
-        start = end
+    """The copy's windows from byte ``start`` (a batch boundary) on. Each ends at a batch start the offset
+    index knows (or at the object's end), so windows hold whole batches: the first at the last one within
+    ``first`` bytes (or the next one, when a batch is larger), the others at the last one before a
+    multiple of ``width`` (the first such multiple past a batch start). From its third window on, a
+    reader starting anywhere reads the same ranges as one starting at byte 0 (the disk cache's keys).
+    The hot-data preloader fetches the same ranges."""
+    size, positions = copy.size, copy.index_positions
+    out: list[_Window] = []
+    while start < size:
+        i = bisect.bisect_right(positions, start)  # positions[i:] are the batch starts after ``start``
+        if not out:
+            limit = min((start // width + 1) * width, start + first)
+        else:
+            limit = (start // width + 1) * width
+            while i < len(positions) and positions[i] > limit:
+                limit += width
+        j = bisect.bisect_right(positions, limit)  # positions[j - 1]: the last batch start <= limit
+        if limit >= size:
+            end = size
+        elif j > i:
+            end = positions[j - 1]
+        else:  # the first window's batch is larger than ``first``: to the next batch start
+            end = positions[j] if j < len(positions) else size
+        out.append(_Window(copy, start, min(end, size)))
+        start = min(end, size)
     return out
 
 
+class _Prepared(NamedTuple):
+    """A window's whole batches: headers, and records sections checked (CRC-32C) and decompressed ahead
+    (None: not prepared, the decoder does it; a FormatError: what the check found)."""
+
+    whole: int
+    headers: list[BatchHeader]
+    payloads: list[bytes | FormatError | None]
+
+
 class _Decoding:
-    """A taken window being decoded: its bytes (carry included), whole batches, the next to decode, and
-    the batches' payloads being prepared on another thread."""
+    """A taken window being decoded: its bytes (carry included), whole batches, their prepared records
+    sections and the next batch to decode."""
 
-    __slots__ = ("base", "data", "head", "headers", "next", "payloads", "ready", "view", "whole")
+    __slots__ = ("base", "data", "head", "headers", "next", "payloads", "view", "whole")
 
-    def __init__(self, head: _Window, data: bytes, view: memoryview, whole: int, base: int,
-                 headers: list[BatchHeader]) -> None:  # fmt: skip
-        self.head, self.data, self.view, self.whole, self.base, self.headers = head, data, view, whole, base, headers
+    def __init__(self, head: _Window, data: bytes, whole: int, base: int, headers: list[BatchHeader],
+                 payloads: list[bytes | FormatError | None]) -> None:  # fmt: skip
+        self.head, self.data, self.whole, self.base = head, data, whole, base
+        self.view = memoryview(data)[:whole]
+        self.headers, self.payloads = headers, payloads
         self.next = 0
-        self.payloads: _Payloads | None = None
-
-    def payload(self, i: int) -> bytes:
-        """Batch ``i``'s records section (raises the FormatError its preparation met)."""
-        assert self.payloads is not None
-        return self.payloads.take(i)
 
 
 class _ObjectCrc:
@@ -106,59 +138,6 @@ class _ObjectCrc:
 
     def __init__(self) -> None:
         self.value = 0
-
-
-class _Payloads:
-    """A window's preparation on the prepare thread (one thread, so windows go in order): the copy's
-    running CRC-32C (checked against the manifest at the last window), then the records sections of the
-    wanted batches, taken one by one as they are ready, so decoding starts with the first batch while
-    the next ones are prepared."""
-
-    def __init__(self, key: str, view: memoryview, headers: list[BatchHeader], wanted: list[int],
-                 window: bytes, crc: _ObjectCrc | None, expected_crc: int | None) -> None:  # fmt: skip
-        self.key, self.view, self.headers, self.wanted = key, view, headers, wanted
-        self.window, self.crc, self.expected_crc = window, crc, expected_crc
-        self.ready: dict[int, bytes | Exception] = {}
-        self.failure: Exception | None = None
-        self.done = False
-        self.cond = threading.Condition()
-
-    def run(self) -> None:
-        if self.crc is not None:
-            self.crc.value = crc32c.crc32c(self.window, self.crc.value)
-            if self.expected_crc is not None and self.crc.value != self.expected_crc:
-                self.failure = RemoteDataCorrupt(self.key, 0, "CRC-32C of the object does not match the manifest")
-        self.window = b""
-        for i in self.wanted:
-            try:
-                if self.failure is not None:
-                    raise self.failure
-                item: bytes | Exception = batch_payload(self.key, self.view, self.headers[i])
-            except Exception as exc:  # raised to the reader when it takes this batch
-                item = exc
-            with self.cond:
-                self.ready[i] = item
-                self.cond.notify_all()
-        with self.cond:
-            self.done = True
-            self.cond.notify_all()
-
-    def take(self, i: int) -> bytes:
-        with self.cond:
-            while i not in self.ready:
-                self.cond.wait()
-            item = self.ready.pop(i)
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def check(self) -> None:
-        """Wait until the window is prepared; raise what the object's CRC check found."""
-        with self.cond:
-            while not self.done:
-                self.cond.wait()
-        if self.failure is not None:
-            raise self.failure
 
 
 class PartitionStream:
@@ -276,21 +255,53 @@ class PartitionStream:
                 self.pool.release(w.size)
             w.done.set()
             return
+        prepared, extra = self._prepare(w.copy.log_key, data, w.start)
         with self.pool.cond:
             if self.closed:
                 w.state = IDLE
-                self.pool.release(w.size)
+                self.pool.release(w.size + extra)
             else:
-                w.data, w.state = data, READY
-                self.pool.mark_evictable(id(w), w.size, lambda: self._evict(w))
+                w.data, w.prepared, w.extra, w.state = data, prepared, extra, READY
+                self.pool.mark_evictable(id(w), w.size + extra, lambda: self._evict(w))
         w.done.set()
+
+    def _prepare(self, key: str, data: bytes, start: int) -> tuple[_Prepared | None, int]:
+        """On the download thread, ahead of the decoder: the window's batch headers, each batch's CRC-32C
+        checked and its records section decompressed, as long as the pool has room for them (with the
+        bytes they take in the pool). Assumes the window starts at a batch boundary; when it does not (a
+        batch carried over from the window before), the decoder ignores all this. Errors are left for the
+        decoder to find again (or take from the payloads), at its turn, in order."""
+        try:
+            whole = complete_prefix(key, data, start)
+            view = memoryview(data)[:whole]
+            headers = scanned_headers(key, view, start)
+        except RemoteDataCorrupt:
+            return None, 0
+        payloads: list[bytes | FormatError | None] = [None] * len(headers)
+        extra = 0
+        for i, h in enumerate(headers):
+            if h.is_control:
+                continue
+            if self.closed:
+                break
+            try:
+                payload = batch_payload(key, view, h)
+            except FormatError as exc:
+                payloads[i] = exc
+                continue
+            if not self.pool.try_reserve(len(payload)):
+                break
+            extra += len(payload)
+            payloads[i] = payload
+        return _Prepared(whole, headers, payloads), extra
 
     def _evict(self, w: _Window) -> bool:
         """Called by the pool (its lock held): drop read-ahead data not taken yet."""
         if w.state != READY:
             return False
-        w.data, w.state = None, IDLE
-        self.pool.release(w.size)
+        w.data, w.prepared, w.state = None, None, IDLE
+        self.pool.release(w.size + w.extra)
+        w.extra = 0
         return True
 
     def _take(self, w: _Window) -> bytes:
@@ -318,7 +329,7 @@ class PartitionStream:
 
     def _drop_windows(self) -> None:
         if self.current is not None:
-            self.pool.release(self.current.head.size)
+            self._release(self.current.head)
             self.current = None
         with self.lock:
             windows, self.windows = list(self.windows), deque()
@@ -329,27 +340,34 @@ class PartitionStream:
                 self._evict(w)
 
     # -- decoding -------------------------------------------------------------------------------
+    def _release(self, w: _Window) -> None:
+        """Free a taken window's pool bytes (its data and prepared payloads)."""
+        self.pool.release(w.size + w.extra)
+        w.extra = 0
+        w.prepared = None
+
     def _open(self, head: _Window, data: bytes) -> _Decoding:
         """Check the window (with the carried partial batch before it) and list its whole batches."""
         copy = head.copy
         key = copy.log_key
-        window = data
-        if self.carry:
-            data = self.carry + data
-        base = head.start - len(self.carry)
-        whole = complete_prefix(key, data, base)
+        if self.crc is not None:  # in order, on this thread, without releasing the GIL (no wait to get it back)
+            self.crc.value = crc32c.crc32c(data, self.crc.value, gil_release_mode=0)
+            if head.last and self.crc.value != copy.manifest.log_crc32c:
+                raise RemoteDataCorrupt(key, 0, "CRC-32C of the object does not match the manifest")
+        prepared = head.prepared
+        if self.carry or prepared is None:
+            if self.carry:
+                data = self.carry + data
+            base = head.start - len(self.carry)
+            whole = complete_prefix(key, data, base)
+            headers = scanned_headers(key, memoryview(data)[:whole], base)
+            payloads: list[bytes | FormatError | None] = [None] * len(headers)
+        else:
+            base, (whole, headers, payloads) = head.start, prepared
         if head.last and whole != len(data):
             raise RemoteDataCorrupt(key, base + whole, "the object ends inside a batch")
-        view = memoryview(data)[:whole]
-        headers = checked_headers(key, view, base, copy.base_offset, copy.end_offset, self.last_seen)
-        cur = _Decoding(head, data, view, whole, base, headers)
-        position = self.position
-        wanted = [i for i, h in enumerate(headers) if h.last_offset >= position and not h.is_control]
-        # CRC checks and decompression run on another thread (the GIL released) while records decode here
-        expected = copy.manifest.log_crc32c if head.last else None
-        cur.payloads = _Payloads(key, view, headers, wanted, window, self.crc, expected)
-        self.reader.prepare.submit(cur.payloads.run)
-        return cur
+        check_offsets(key, headers, base, copy.base_offset, copy.end_offset, self.last_seen)
+        return _Decoding(head, data, whole, base, headers, payloads)
 
     def _decode_some(self, cur: _Decoding) -> list[RecordBatch]:
         """Decode the current window's next batches, about RECORDS_PER_READ records (so the first records
@@ -377,8 +395,14 @@ class PartitionStream:
                     continue
             if not h.is_control:
                 try:
+                    payload = cur.payloads[i - 1]
+                    if payload is None:
+                        payload = batch_payload(key, view, h)
+                    elif isinstance(payload, FormatError):
+                        raise payload
+                    cur.payloads[i - 1] = None
                     cls = Record if self.record_class is None else self.record_class(h)
-                    batch = decode_payload(key, h, cur.payload(i - 1), cls)
+                    batch = decode_payload(key, h, payload, cls)
                 except FormatError as exc:
                     raise RemoteDataCorrupt(key, cur.base + exc.position, exc.reason) from exc
                 if h.base_offset < position:
@@ -395,13 +419,11 @@ class PartitionStream:
     def _finish(self, cur: _Decoding) -> None:
         """The window is decoded: keep its partial last batch, free its pool bytes, move to the next copy."""
         head, copy = cur.head, cur.head.copy
-        if head.last and cur.payloads is not None:
-            cur.payloads.check()
         if cur.headers:
             self.last_seen = cur.headers[-1].last_offset
         self.carry = cur.data[cur.whole :]
         self.current = None
-        self.pool.release(head.size)
+        self._release(head)
         with self.lock:
             self.windows.popleft()
             following = self.windows[0] if self.windows else None

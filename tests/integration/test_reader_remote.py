@@ -20,6 +20,7 @@ from reader import (
     RemoteReader,
     RemoteUnavailable,
 )
+from reader.stream import windows_from
 from segment_fsm import SegmentState
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import TieredTopic, tiered_topic
@@ -190,9 +191,8 @@ def test_hot_data_preloader_warms_committed_offsets_below_the_log_start(tiered: 
         assert reader.preloader is not None
         wait_for(lambda: reader.preloader.warmed > 0, 60, "the preloader to warm the cache")
         copy = reader.locate(tiered.topic, 0, target.base_offset + 3)
-        start = copy.position_for(target.base_offset + 3)
-        end = min(copy.size, (start // (64 * 1024) + 1) * 64 * 1024)
-        assert reader.is_cached(copy, start, end), "the window a reader of the group starts with is not cached"
+        first = windows_from(copy, copy.position_for(target.base_offset + 3), 64 * 1024)[0]
+        assert reader.is_cached(copy, first.start, first.end), "the window a group member starts with is not cached"
 
 
 def test_stream_checks_the_whole_objects_crc_where_batch_crcs_cannot_see(tiered: TieredTopic) -> None:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 import threading
+from array import array
 from pathlib import Path
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reader.batches import checked_headers, complete_prefix
 from reader.disk_cache import DiskCache
 from reader.errors import RemoteDataCorrupt
 from reader.messages import TieredMessage, message_class
 from reader.pool import MemoryPool
+from reader.stream import windows_from
 from reader.txn import AbortFilter, TxnView
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.formats import AbortedTxn, decode_batch, scan_headers
@@ -95,6 +100,31 @@ def test_batch_checks_name_the_key_and_position() -> None:
         checked_headers("key", data(103, 2) + data(100, 3), 0, 100, 104, -1)
     with pytest.raises(RemoteDataCorrupt, match=r"outside the copy's 100\.\.103"):
         checked_headers("key", log, 0, 100, 103, -1)
+
+
+class _Copy:
+    """What ``windows_from`` reads of a SegmentCopy: the .log's size and the offset index's positions."""
+
+    def __init__(self, size: int, positions: list[int]) -> None:
+        self.size, self.index_positions = size, array("q", positions)
+
+
+@given(st.integers(2, 20_000).flatmap(lambda size: st.tuples(
+    st.just(size), st.lists(st.integers(1, size - 1), unique=True, max_size=60).map(sorted),
+    st.integers(16, 3000), st.integers(1, 3000))))  # fmt: skip
+def test_windows_hold_whole_batches_and_are_the_same_ranges_for_every_reader(case) -> None:
+    size, positions, width, first = case
+    copy = _Copy(size, positions)
+    ranges = {}
+    for start in [0, *positions]:
+        windows = windows_from(copy, start, width, first)  # type: ignore[arg-type]
+        assert windows[0].start == start and windows[-1].end == size
+        assert all(a.end == b.start for a, b in itertools.pairwise(windows))
+        assert all(w.end > w.start and (w.end == size or w.end in positions) for w in windows)
+        ranges[start] = [(w.start, w.end) for w in windows]
+    for later in ranges.values():  # from its third window on, a reader starting at any batch start reads
+        tail = later[2:]  # the ranges a reader from the object's start reads (the disk cache's keys)
+        assert tail == ranges[0][len(ranges[0]) - len(tail) :]
 
 
 def test_tiered_messages_have_the_consumer_message_interface() -> None:
