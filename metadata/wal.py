@@ -10,8 +10,10 @@ adopts the existing topic's count.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -65,6 +67,9 @@ class MetadataWal:
         self._admin_client: AdminClient | None = None
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
+        self._reading = 0  # read() calls whose consumer is not closed yet
+        self._read_done = threading.Condition()
+        _OPEN.add(self)
 
     # -- topic -------------------------------------------------------------------------------
     def _admin(self) -> AdminClient:
@@ -298,6 +303,17 @@ class MetadataWal:
         no longer holds, raises WalGap naming the partition and offsets. Raises WalError on a fatal
         consumer error.
         """
+        with self._read_done:
+            self._reading += 1
+        try:
+            yield from self._read(start, stop, batch, until, partitions)
+        finally:
+            with self._read_done:
+                self._reading -= 1
+                self._read_done.notify_all()
+
+    def _read(self, start: dict[int, int], stop: threading.Event | None, batch: int,
+              until: dict[int, int] | None, partitions: Iterable[int] | None) -> Iterator[list[Message]]:  # fmt: skip
         consumer = self._consumer()
         chosen = range(self.partitions) if partitions is None else sorted(partitions)
         expected = {p: start.get(p, 0) for p in chosen}
@@ -309,7 +325,7 @@ class MetadataWal:
             while True:
                 if until is not None and not remaining:
                     return
-                if stop is not None and stop.is_set():
+                if (stop is not None and stop.is_set()) or self._closed.is_set():
                     return
                 if until is None and time.monotonic() >= next_check:
                     next_check = time.monotonic() + self.integrity_check_seconds
@@ -371,9 +387,32 @@ class MetadataWal:
             return f"its offsets are unknown: {exc}"
         return f"it holds offsets {low}..{high - 1}" if high > low else f"it is empty at offset {high}"
 
-    def close(self) -> None:
+    def close(self, flush_seconds: float | None = None) -> None:
+        """Stop the readers and the producer. Writes still queued get ``flush_seconds`` (default
+        ``timeout``), then are dropped (their ``append`` already failed, or will: not acknowledged).
+        The librdkafka handles are destroyed here, not later by the garbage collector: a client left
+        polling, or destroyed, during interpreter exit calls its Python log callback from a half torn-down
+        interpreter, which can crash it (SIGSEGV)."""
         self._closed.set()
-        if self._producer is not None:
-            self._producer.flush(self.timeout)
+        _OPEN.discard(self)
+        with self._producer_lock:
+            producer, self._producer = self._producer, None
         if self._poller is not None:
             self._poller.join(timeout=2)
+        if producer is not None:
+            if producer.flush(self.timeout if flush_seconds is None else flush_seconds):
+                producer.purge()
+                producer.poll(0)
+            producer.close()
+        with self._read_done:  # every read() returns within one poll once closed, closing its consumer
+            self._read_done.wait_for(lambda: self._reading == 0, timeout=5)
+
+
+_OPEN: weakref.WeakSet[MetadataWal] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_wals() -> None:
+    """A WAL nobody closed is closed at interpreter exit, while the interpreter is whole (see ``close``)."""
+    for wal in list(_OPEN):
+        wal.close(flush_seconds=1.0)

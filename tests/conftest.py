@@ -20,6 +20,7 @@ test fails: CI must never go green on tests that did not run.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,6 +54,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Destroy what the tests left unreachable while the interpreter is whole: a librdkafka client
+    destroyed later, during interpreter exit, can call back into Python (its log callback) and crash
+    the process after every test passed."""
+    gc.collect()
 
 
 def _unavailable(what: str, exc: Exception) -> NoReturn:

@@ -13,6 +13,7 @@ aside: "after 3ms") is logged once per backoff step (1 s, 2 s, 4 s, ... 5 min) p
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import threading
@@ -89,6 +90,7 @@ class _AdminPoller:
         self.clients: weakref.WeakSet[AdminClient] = weakref.WeakSet()
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self.stopped = threading.Event()
 
     def add(self, admin: AdminClient) -> None:
         with self.lock:
@@ -97,9 +99,15 @@ class _AdminPoller:
                 self.thread = threading.Thread(target=self._run, name="librdkafka-admin-logs", daemon=True)
                 self.thread.start()
 
+    def stop(self) -> None:
+        """Stop polling (at interpreter exit: a client polled while the interpreter is torn down calls its
+        Python log callback into it, which can crash the process)."""
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
     def _run(self) -> None:
-        while True:
-            time.sleep(_POLL_SECONDS)
+        while not self.stopped.wait(_POLL_SECONDS):
             with self.lock:
                 clients = list(self.clients)
             for admin in clients:
@@ -107,6 +115,7 @@ class _AdminPoller:
 
 
 _POLLER = _AdminPoller()
+atexit.register(_POLLER.stop)
 
 
 def admin_client(config: dict[str, Any]) -> AdminClient:
