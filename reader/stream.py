@@ -45,7 +45,7 @@ from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import AbortFilter
 from tiering_core.errors import FormatError
-from tiering_core.formats import BatchHeader, Record, RecordBatch, batch_payload, decode_payload
+from tiering_core.formats import BatchHeader, Record, RecordBatch, batch_payload, decode_payload_part
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -75,7 +75,10 @@ class _Window:
         return self.end - self.start
 
 
-RECORDS_PER_READ = 2000  # records decoded per read(): the first ones are delivered before a window is done
+# Records decoded per read(): the first ones are delivered before a window is done, and records live so
+# briefly that the garbage collector rarely runs (measured: 2000 per read cost 0.3 s of GC in 2.1 s
+# reading 1 KB records, 2.7 s in 8.6 s reading 100 B records; 250 cost about 0.05 s)
+RECORDS_PER_READ = 250
 FIRST_WINDOW = 256 * 1024  # a reader's first window: its records are decoded and delivered sooner
 
 
@@ -121,7 +124,7 @@ class _Decoding:
     """A taken window being decoded: its bytes (carry included), whole batches, their prepared records
     sections and the next batch to decode."""
 
-    __slots__ = ("base", "data", "head", "headers", "next", "payloads", "view", "whole")
+    __slots__ = ("base", "data", "head", "headers", "next", "payloads", "slicing", "view", "whole")
 
     def __init__(self, head: _Window, data: bytes, whole: int, base: int, headers: list[BatchHeader],
                  payloads: list[bytes | FormatError | None]) -> None:  # fmt: skip
@@ -129,6 +132,18 @@ class _Decoding:
         self.view = memoryview(data)[:whole]
         self.headers, self.payloads = headers, payloads
         self.next = 0
+        self.slicing: _Slicing | None = None
+
+
+class _Slicing:
+    """A batch being decoded in slices: its records section and the next record's position in it."""
+
+    __slots__ = ("cls", "done", "header", "payload", "pos")
+
+    def __init__(self, header: BatchHeader, payload: bytes, cls: type[tuple]) -> None:
+        self.header, self.payload, self.cls = header, payload, cls
+        self.pos = 0
+        self.done = 0  # records decoded
 
 
 class _ObjectCrc:
@@ -370,8 +385,9 @@ class PartitionStream:
         return _Decoding(head, data, whole, base, headers, payloads)
 
     def _decode_some(self, cur: _Decoding) -> list[RecordBatch]:
-        """Decode the current window's next batches, about RECORDS_PER_READ records (so the first records
-        are delivered before a whole window is decoded); the window is finished when its batches are."""
+        """Decode the current window's next RECORDS_PER_READ records (a large batch in slices, so the
+        first records are delivered before a whole window, or batch, is decoded, and records live
+        shorter); the window is finished when its batches are."""
         key = cur.head.copy.log_key
         view, headers = cur.view, cur.headers
         out: list[RecordBatch] = []
@@ -379,42 +395,65 @@ class PartitionStream:
         keep = self.filter
         decoded = 0
         i = cur.next
-        while i < len(headers) and decoded < RECORDS_PER_READ:
-            h = headers[i]
-            i += 1
-            if h.last_offset < position:
-                continue
-            if keep is not None:
-                if keep.unresolved_at(h):
-                    self.blocked_at = max(position, h.base_offset)
-                    self.position = position
-                    self._drop_windows()  # located again (with the newer metadata) on the next read
-                    return out
-                if not keep.keep(key, view, h):
+        while decoded < RECORDS_PER_READ:
+            part = cur.slicing
+            if part is None:
+                if i >= len(headers):
+                    break
+                h = headers[i]
+                i += 1
+                if h.last_offset < position:
+                    continue
+                if keep is not None:
+                    if keep.unresolved_at(h):
+                        self.blocked_at = max(position, h.base_offset)
+                        self.position = position
+                        self._drop_windows()  # located again (with the newer metadata) on the next read
+                        return out
+                    if not keep.keep(key, view, h):
+                        position = h.last_offset + 1
+                        continue
+                if h.is_control:
                     position = h.last_offset + 1
                     continue
-            if not h.is_control:
-                try:
-                    payload = cur.payloads[i - 1]
-                    if payload is None:
-                        payload = batch_payload(key, view, h)
-                    elif isinstance(payload, FormatError):
-                        raise payload
-                    cur.payloads[i - 1] = None
-                    cls = Record if self.record_class is None else self.record_class(h)
-                    batch = decode_payload(key, h, payload, cls)
-                except FormatError as exc:
-                    raise RemoteDataCorrupt(key, cur.base + exc.position, exc.reason) from exc
-                if h.base_offset < position:
-                    batch = RecordBatch(h, [r for r in batch.records if r[0] >= position])  # Record or a message type
-                out.append(batch)
-                decoded += len(batch.records)
-            position = h.last_offset + 1
+                part = cur.slicing = self._slicing(cur, i - 1, h)
+            h = part.header
+            count = min(h.records_count - part.done, RECORDS_PER_READ - decoded)
+            try:
+                records, part.pos = decode_payload_part(key, h, part.payload, part.pos, part.done, count, part.cls)
+            except FormatError as exc:
+                raise RemoteDataCorrupt(key, cur.base + exc.position, exc.reason) from exc
+            part.done += count
+            decoded += count
+            if part.done >= h.records_count:
+                cur.slicing = None
+                position = h.last_offset + 1
+            elif records:
+                position = max(position, records[-1][0] + 1)
+            if records and records[0][0] < self.position:
+                records = [r for r in records if r[0] >= self.position]  # Record or a message type
+            if records:
+                out.append(RecordBatch(h, records))
         self.position = position
         cur.next = i
-        if i >= len(headers):
+        if i >= len(headers) and cur.slicing is None:
             self._finish(cur)
         return out
+
+    def _slicing(self, cur: _Decoding, i: int, h: BatchHeader) -> _Slicing:
+        """Batch ``i`` of the window, to decode in slices: its records section, checked and decompressed
+        (ahead by the download thread, or now)."""
+        key = cur.head.copy.log_key
+        payload = cur.payloads[i]
+        cur.payloads[i] = None
+        try:
+            if payload is None:
+                payload = batch_payload(key, cur.view, h)
+            elif isinstance(payload, FormatError):
+                raise payload
+        except FormatError as exc:
+            raise RemoteDataCorrupt(key, cur.base + exc.position, exc.reason) from exc
+        return _Slicing(h, payload, Record if self.record_class is None else self.record_class(h))
 
     def _finish(self, cur: _Decoding) -> None:
         """The window is decoded: keep its partial last batch, free its pool bytes, move to the next copy."""

