@@ -131,6 +131,22 @@ class MetadataCatalog:
                 raise
             return found[0]
 
+    def user_log_starts(self, topic: str) -> dict[str, dict[int, int]]:
+        """``{topic id: {partition: offset}}``: the log start offsets users set with ``delete_records`` on the
+        topic's partitions, as the sidecars recorded them (partitions without one left out; empty for a
+        topic the metadata does not know)."""
+        if self.absent:
+            return {}
+        try:
+            topic_id = self.topic_id(topic)
+        except UnknownTopic:
+            return {}
+        tid = topic_id_bytes(topic_id)
+        with self.manager.lock:
+            found = {n: p.log_starts.log_start for (t, n), p in self.manager.state.partitions.items() if t == tid}
+        starts = {n: offset for n, offset in sorted(found.items()) if offset >= 0}
+        return {topic_id: starts} if starts else {}
+
     def tiering(self, topic: str) -> TopicTiering | None:
         """The topic's tiering state (enabled, download paused...), None if it was never tiered."""
         return self.manager.tiering(self.topic_id(topic))

@@ -53,6 +53,9 @@ class ExportRequest:
     json_schema: str | None = None  # DDL; inferred from a sample when None
     local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
     local_tail_client: dict[str, str] = field(default_factory=dict)  # their librdkafka properties (security...)
+    # topic id -> partition -> a user's delete_records log start (recorded by the sidecar): records below are
+    # left out, as for every other reader
+    log_starts: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def planned_ranges(request: ExportRequest, previous: dict[int, int]) -> list[Par
         options["startingTimestamp"] = str(request.starting_timestamp)
     if request.ending_timestamp is not None:
         options["endingTimestamp"] = str(request.ending_timestamp)
-    _, ranges = plan(parse_options({**options, **_tail_options(request)}), store)
+    _, ranges = plan(parse_options({**options, **_tail_options(request), **_log_start_options(request)}), store)
     return ranges
 
 
@@ -133,6 +136,7 @@ def _frame(spark: SparkSession, request: ExportRequest, wanted: list[PartitionRa
         **_offsets_option("startingOffsets", request.topic, {r.partition: r.first for r in wanted}),
         **_offsets_option("endingOffsets", request.topic, {r.partition: r.last + 1 for r in wanted}),
         **_tail_options(request),
+        **_log_start_options(request),
     }
     df = spark.read.format(NAME).options(**options).load()
     return df.withColumn("date", utc_date(F.col("timestamp")))
@@ -234,3 +238,7 @@ def _offsets_option(name: str, topic: str, offsets: dict[int, int]) -> dict[str,
 
 def _spark_path(path: str) -> str:
     return path if "://" in path else f"file://{path}"
+
+
+def _log_start_options(request: ExportRequest) -> dict[str, str]:
+    return {"logStartOffsets": json.dumps(request.log_starts)} if request.log_starts else {}

@@ -7,6 +7,9 @@ Names follow Spark's Kafka source where the concept exists: ``subscribe`` / ``su
 The remote store is given with ``store.*`` options, the fields of the sidecar's ``remote_storage``
 setting (``store.bucket``, ``store.prefix``, ``store.endpointUrl``, ``store.pathStyle``, ...; or
 ``store.kind=filesystem`` with ``store.root``), or whole as JSON in ``remoteStorage``.
+``logStartOffsets`` (JSON ``{"<topic id>": {"<partition>": offset}}``, what ``tiering export`` reads from
+the metadata) are log start offsets a user set with ``delete_records``: the records below them are left
+out, as the broker leaves them out, also where a remote copy still holds them.
 Option names are case-insensitive, as in Spark.
 """
 
@@ -24,7 +27,7 @@ from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig
 _KNOWN = {
     "subscribe", "subscribepattern", "assign", "topicids", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "failondataloss", "maxslicebytes", "maxrowsperbatch",
-    "windowbytes", "remotestorage", "path", "includelocaltail",
+    "windowbytes", "remotestorage", "path", "includelocaltail", "logstartoffsets",
 }  # fmt: skip
 _FIELD_NAMES = {n.replace("_", ""): n for model in (S3StoreConfig, FileSystemStoreConfig) for n in model.model_fields}
 
@@ -47,6 +50,9 @@ class ReadOptions(BaseModel):
     store: S3StoreConfig | FileSystemStoreConfig
     include_local_tail: bool = False
     kafka: dict[str, str] = {}  # kafka.* options without the prefix: the local tail's consumer
+    # topic id -> partition -> the log start offset a user set with delete_records (as the sidecar recorded
+    # it): the records below are deleted for this read, as for the broker, also inside a copy holding them
+    log_starts: dict[str, dict[int, int]] = {}
 
     def wanted(self, topic: str, partition: int) -> bool:
         if self.assign is not None:
@@ -91,6 +97,8 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         if key in opts:
             values[name] = opts[key]
     values["kafka"] = {k[6:]: v for k, v in opts.items() if k.startswith("kafka.")}
+    if "logstartoffsets" in opts:
+        values["log_starts"] = _json(opts, "logstartoffsets")
     try:
         parsed = ReadOptions.model_validate(values)
     except ValidationError as exc:

@@ -82,7 +82,7 @@ def resolve_range(
         if fail_on_data_loss:
             raise OffsetOutOfRange(
                 f"{rp.topic}-{rp.partition}: starting offset {first} is below the remote start {rp.start} "
-                "(deleted by retention)"
+                "(deleted by retention or delete_records)"
             )
         first = rp.start
     last = stable if end_exclusive is None or end_exclusive == LATEST else min(stable, end_exclusive - 1)

@@ -52,7 +52,9 @@ def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], 
     """
     found = list_remote_partitions(store, opts.store.prefix, opts.topics, opts.pattern, opts.topic_ids,
                                    require=not opts.include_local_tail)  # fmt: skip
-    partitions = [rp for rp in found if opts.wanted(rp.topic, rp.partition)]
+    # a partition whose every remote record a user deleted has nothing remote to read
+    kept = (_above_log_start(rp, opts.log_starts.get(rp.topic_id, {}).get(rp.partition, -1)) for rp in found)
+    partitions = [rp for rp in kept if rp.copies and opts.wanted(rp.topic, rp.partition)]
     ranges = []
     for rp in partitions:
         start = (opts.starting or {}).get(rp.topic, {}).get(rp.partition)
@@ -77,6 +79,14 @@ def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], 
         aligned.append(rp)
         extended.append(rng)
     return aligned, extended
+
+
+def _above_log_start(rp: RemotePartition, log_start: int) -> RemotePartition:
+    """The partition's copies from ``log_start`` on (records below a user's log start are deleted)."""
+    if not rp.copies or log_start <= rp.copies[0].first:
+        return rp
+    copies = tuple(replace(c, first=max(c.first, log_start)) for c in rp.copies if c.last >= log_start)
+    return replace(rp, copies=copies)
 
 
 class TieredReader(DataSourceReader):

@@ -1,4 +1,5 @@
-"""``tiering export``: a topic's tiered data to Parquet or Delta with Spark, reading the object store only."""
+"""``tiering export``: a topic's tiered data to Parquet or Delta with Spark, reading the object store (and,
+on the driver, the metadata for log start offsets users set with ``delete_records``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,30 @@ from tiering_core.kafka_client import client_properties
 from tiering_core.stores.base import RemoteStoreError
 
 console = Console(stderr=True)
+
+
+def user_log_starts(config_file: Path | None, topic: str) -> dict[str, dict[int, int]]:
+    """The log start offsets users set on the topic with ``delete_records``, from the metadata (see
+    ``MetadataCatalog.user_log_starts``): the export leaves the records below them out, as the broker and
+    the TieredConsumer do, also where a remote copy still holds them."""
+    from reader.catalog import MetadataCatalog
+    from reader.config import load_reader_settings
+    from reader.errors import UnknownTopic
+    from tiering_core.kafka_cluster import KafkaCluster
+    from tiering_core.stores.factory import open_store
+
+    try:
+        settings = load_reader_settings(config_file)
+        cluster = KafkaCluster(settings.bootstrap_servers, client_config=client_properties(settings.kafka_client))
+        catalog = MetadataCatalog(settings, open_store(settings.remote_storage), cluster, [topic]).start()
+    except UnknownTopic:  # not a live topic: the planner reports what the store holds of it, if anything
+        return {}
+    except (TieringError, RemoteStoreError) as exc:
+        raise click.ClickException(f"reading the tiering metadata of {topic}: {exc}") from exc
+    try:
+        return catalog.user_log_starts(topic)
+    finally:
+        catalog.close()
 
 
 def parse_position(text: str | None, what: str) -> tuple[dict[int, int], int | None]:
@@ -86,11 +111,13 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, incremental: bool, value_format: str,
            json_schema: str | None, include_local_tail: bool, master: str, confs: tuple[str, ...], show: int,
            config_file: Path | None) -> None:  # fmt: skip
-    """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading only the object store.
+    """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading them from the object store.
 
-    No broker is read (unless --include-local-tail): the segments come from the remote store of the
-    sidecar configuration (--config). Output is partitioned by topic partition and UTC date, with Spark's Kafka source
-    columns (key, value, topic, partition, offset, timestamp, timestampType, headers). Only committed
+    No broker data is read (unless --include-local-tail): the segments come from the remote store of the
+    sidecar configuration (--config); the driver reads the tiering metadata from its Kafka cluster for the
+    log start offsets users set with kafka-delete-records, and leaves the records below them out. Output
+    is partitioned by topic partition and UTC date, with Spark's Kafka source columns (key, value, topic,
+    partition, offset, timestamp, timestampType, headers). Only committed
     records are exported: aborted transactions and control markers are dropped. With --incremental a
     run starts after the last committed run (Delta: idempotent commit keyed by the offset ranges;
     Parquet: a commit marker written last), so re-running never duplicates rows. Prints one JSON line
@@ -118,6 +145,7 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         incremental=incremental, value_format=value_format, json_schema=json_schema,  # type: ignore[arg-type]
         local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
         local_tail_client=client_properties(settings.kafka_client) if include_local_tail else {},
+        log_starts=user_log_starts(config_file, topic),
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
