@@ -4,6 +4,9 @@ is reconciled (one copy deleted through DELETE_SEGMENT_*, the size counted once)
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from tiering.sidecar.copy import CorruptSegments, copy_segment
 from tiering.sidecar.facts import PartitionFacts, local_segments
 from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import Scope
+from tiering.sidecar.runner import Sidecar
 from tiering.sidecar.writer import PartitionWriter
 from tiering_core.formats import list_segments
 from tiering_core.kafka_cluster import KafkaCluster
@@ -32,16 +36,35 @@ from tiering_core.objects import SegmentRef
 pytestmark = pytest.mark.integration
 
 
-def test_a_segment_finished_twice_is_reconciled_and_its_size_counted_once(stack: Endpoints, tmp_path: Path) -> None:
+@dataclass
+class Uploaded:
+    topic: str
+    topic_id: str
+    partition_dir: Path
+    originals: dict[int, bytes]  # the local segments before tiering, by base offset
+    ctx: SidecarContext
+    sidecar: Sidecar
+
+
+@contextmanager
+def uploaded(stack: Endpoints, tmp_path: Path, records: int, copies: int) -> Iterator[Uploaded]:
+    """A topic of ``records`` records, tiering enabled, and a sidecar (running until the block ends) that
+    has uploaded at least ``copies`` segments."""
     topic = create_topic(stack.bootstrap, internal_segment_bytes=SEGMENT)
-    produce(stack.bootstrap, topic, 10_000)
+    produce(stack.bootstrap, topic, records)
     partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
     originals = snapshot_segments(partition_dir, tmp_path / "originals")
     config = write_config(stack, tmp_path)
     cli("topic", "enable", topic, "--config", str(config))
     with running(config) as (ctx, sidecar):
         topic_id = ctx.cluster.topics([topic])[topic].topic_id
-        wait_for(lambda: len(refs(ctx, topic, topic_id)) >= 3, 120, "uploads", step=sidecar.tick)
+        wait_for(lambda: len(refs(ctx, topic, topic_id)) >= copies, 120, "uploads", step=sidecar.tick)
+        yield Uploaded(topic, topic_id, partition_dir, originals, ctx, sidecar)
+
+
+def test_a_segment_finished_twice_is_reconciled_and_its_size_counted_once(stack: Endpoints, tmp_path: Path) -> None:
+    with uploaded(stack, tmp_path, 10_000, copies=3) as up:
+        topic, topic_id, partition_dir, ctx, sidecar = up.topic, up.topic_id, up.partition_dir, up.ctx, up.sidecar
         first = ctx.manager.segments(topic_id, 0, FINISHED)[0]
         # What a crash left behind: a FINISHED record that landed late, for a copy of exactly the offsets
         # that the retry copied and finished too.
@@ -78,7 +101,7 @@ def test_a_segment_finished_twice_is_reconciled_and_its_size_counted_once(stack:
         objects = set(ctx.store.list_keys(f"{ctx.prefix}/"))
         assert not set(gone.keys(ctx.prefix)) & objects, "the duplicate's objects remain"
         ref = SegmentRef(topic, topic_id, 0, kept.base_offset, uuid.UUID(bytes=kept.segment_id))
-        assert ctx.store.get_bytes(ref.key(ctx.prefix, "log")) == originals[kept.base_offset]
+        assert ctx.store.get_bytes(ref.key(ctx.prefix, "log")) == up.originals[kept.base_offset]
         size = ctx.metrics.registry.get_sample_value(
             "tiering_remote_log_size_bytes", {"topic": topic, "partition": "0"}
         )
@@ -191,14 +214,8 @@ def test_a_copy_decided_on_a_stale_view_is_abandoned_before_any_upload(stack: En
     """The race of a leader change: the deposed leader's in-flight copy finishes just before the new leader, whose
     metadata had not applied that record yet, decides to copy the same offsets. The new leader's STARTED is applied
     after the FINISHED, so it sees the copy and uploads nothing; there is never a second FINISHED copy."""
-    topic = create_topic(stack.bootstrap, internal_segment_bytes=SEGMENT)
-    produce(stack.bootstrap, topic, 6_000)
-    partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
-    config = write_config(stack, tmp_path)
-    cli("topic", "enable", topic, "--config", str(config))
-    with running(config) as (ctx, sidecar):
-        topic_id = ctx.cluster.topics([topic])[topic].topic_id
-        wait_for(lambda: len(refs(ctx, topic, topic_id)) >= 2, 120, "uploads", step=sidecar.tick)
+    with uploaded(stack, tmp_path, 6_000, copies=2) as up:
+        topic, topic_id, partition_dir, ctx = up.topic, up.topic_id, up.partition_dir, up.ctx
         first = ctx.manager.segments(topic_id, 0, FINISHED)[0]
         local = local_segments(partition_dir)
         seg = next(s for s, _ in local if s.base_offset == first.base_offset)
