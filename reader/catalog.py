@@ -151,6 +151,12 @@ class MetadataCatalog:
         """The topic's tiering state (enabled, download paused...), None if it was never tiered."""
         return self.manager.tiering(self.topic_id(topic))
 
+    def topic_name(self, topic_id: bytes) -> str | None:
+        """The name of the topic with this id (16 raw bytes) in the tiering metadata, None if unknown."""
+        with self.manager.lock:
+            found = self.manager.state.topics.get(topic_id)
+        return None if found is None else found[0]
+
     def tiered_topics(self) -> set[str]:
         """Names of the topics whose tiering metadata this catalog holds (enabled or rolled back)."""
         with self.manager.lock:

@@ -20,7 +20,15 @@ import crc32c
 from reader.errors import RemoteDataCorrupt
 from reader.fetcher import RangeFetcher
 from tiering_core.errors import FormatError
-from tiering_core.formats import AbortedTxn, parse_offset_index, parse_producer_snapshot, parse_txn_index
+from tiering_core.formats import (
+    AbortedTxn,
+    EpochEntry,
+    parse_leader_epoch_checkpoint,
+    parse_offset_index,
+    parse_producer_snapshot,
+    parse_time_index,
+    parse_txn_index,
+)
 from tiering_core.objects import Manifest, ManifestError, SegmentRef
 
 
@@ -30,7 +38,9 @@ class SegmentCopy:
 
     ``open_txns`` maps a producer id to the first offset of its transaction still open at the end of
     the copy (from the producer snapshot Kafka took when the segment rolled); None when the copy has
-    no producer snapshot.
+    no producer snapshot. ``time_timestamps``/``time_offsets`` are the time index (ListOffsets by
+    timestamp); ``epochs`` the partition's leader-epoch checkpoint as it was when the copy was made
+    (OffsetForLeaderEpoch).
     """
 
     ref: SegmentRef
@@ -40,6 +50,9 @@ class SegmentCopy:
     index_positions: array
     aborted: tuple[AbortedTxn, ...]
     open_txns: dict[int, int] | None
+    time_timestamps: array
+    time_offsets: array
+    epochs: tuple[EpochEntry, ...]
 
     @property
     def base_offset(self) -> int:
@@ -116,10 +129,13 @@ class SegmentIndexCache:
                 if e.position < manifest.log_size
             ]  # fmt: skip
             aborted = tuple(parse_txn_index(_part(manifest, data, "txn"), index_key))
+            times = [e for e in parse_time_index(_part(manifest, data, "time"), manifest.base_offset)
+                     if e.offset <= manifest.end_offset]  # fmt: skip
+            epochs = tuple(parse_leader_epoch_checkpoint(_part(manifest, data, "leader_epoch").decode(), index_key))
             snapshot = _part(manifest, data, "producer_snapshot")
             producers = parse_producer_snapshot(snapshot, index_key) if snapshot else None
-        except FormatError as exc:
-            raise RemoteDataCorrupt(index_key, exc.position, exc.reason) from exc
+        except (FormatError, UnicodeDecodeError) as exc:
+            raise RemoteDataCorrupt(index_key, getattr(exc, "position", 0), getattr(exc, "reason", str(exc))) from exc
         open_txns = None
         if producers is not None:
             open_txns = {
@@ -133,4 +149,7 @@ class SegmentIndexCache:
             index_positions=array("q", (e.position for e in entries)),
             aborted=aborted,
             open_txns=open_txns,
+            time_timestamps=array("q", (e.timestamp for e in times)),
+            time_offsets=array("q", (e.offset for e in times)),
+            epochs=epochs,
         )

@@ -44,7 +44,7 @@ class FetchMetrics:
             "tiering_reader_http_requests", "HTTP requests answered, by route and status code.",
             ("route", "code"), registry=r,
         )  # fmt: skip
-        r.register(_ReaderCollector(reader))
+        r.register(ReaderCollector(reader))
 
     def fetched(self, topic: str, partition: int, size: int, seconds: float) -> None:
         labels = (topic, str(partition))
@@ -57,7 +57,7 @@ class FetchMetrics:
         self.fetch_errors.labels(topic, str(partition)).inc()
 
 
-class _ReaderCollector(Collector):
+class ReaderCollector(Collector):
     """The reader's own totals (store GETs, downloaded bytes, memory pool), read at scrape time."""
 
     def __init__(self, reader: RemoteReader) -> None:

@@ -22,6 +22,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "topic": ("tiering.cli.topic", "topic", "Enable, pause, resume, roll back and inspect tiering of a topic."),
     "cluster": ("tiering.cli.topic", "cluster", "Cluster-wide pause, resume, rollback and status."),
     "reader": ("tiering.cli.reader", "reader", "Serve records of tiered topics over HTTP from remote storage."),
+    "proxy": ("tiering.cli.proxy", "proxy", "Serve the Kafka protocol: any Kafka client reads tiered history."),
     "consume": ("tiering.cli.consume", "consume", "Print a topic's records, remote ones included (console consumer)."),
     "export": ("tiering.cli.export", "export", "Export a topic's tiered segments to Parquet or Delta with Spark."),
 }

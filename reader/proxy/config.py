@@ -1,0 +1,140 @@
+"""The proxy's configuration: the reader's settings plus a ``proxy`` section.
+
+One file serves the sidecar, the reader services and the proxy (keys a part does not use are ignored):
+``bootstrap_servers`` and ``kafka_client`` are how the proxy reaches the brokers (TLS settings of
+``kafka_client`` apply to the connections it forwards too; SASL is the clients' own and passes through),
+``remote_storage`` and the prefetch settings how it reads tiered data. Every bound is here, with its reason.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from reader.config import MIB, ReaderSettings
+from tiering_core.errors import ConfigError
+from tiering_core.kafka_client import client_properties
+from tiering_core.settings import load_settings_file
+
+
+class ProxyTls(BaseModel):
+    """TLS towards clients (the listeners). Clients then connect with security.protocol SSL or SASL_SSL."""
+
+    cert_file: Path = Field(description="The server certificate (PEM), chain included.")
+    key_file: Path = Field(description="Its private key (PEM).")
+    ca_file: Path | None = Field(default=None, description="CA certificates that client certificates must chain to.")
+    client_auth: Literal["none", "requested", "required"] = Field(
+        default="none", description="Kafka's ssl.client.auth: ask clients for a certificate, or require one."
+    )
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+            if self.ca_file is not None:
+                ctx.load_verify_locations(self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"proxy.tls: cannot load {self.cert_file} / {self.key_file}: {exc}") from exc
+        ctx.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}[
+            self.client_auth
+        ]
+        return ctx
+
+
+class ProxyListen(BaseModel):
+    """Where the proxy listens and what it tells clients, and the bounds on what they may send."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to listen on. Loopback unless set (0.0.0.0 in a pod or beside a broker).",
+    )
+    advertised_host: str | None = Field(
+        default=None,
+        description="The host clients are told to come back to (a DNS name, a Kubernetes Service); default: host.",
+    )
+    bootstrap_port: int = Field(default=9192, ge=0, le=65535, description="The port clients bootstrap to.")
+    broker_ports: dict[int, int] = Field(
+        default_factory=dict, description="The port that stands for each broker: {node id: port}."
+    )
+    broker_port_base: int | None = Field(
+        default=9193,
+        ge=0,
+        le=65535,
+        description="For brokers not in broker_ports: port = broker_port_base + node id (new brokers get a "
+        "port without a configuration change). None: only broker_ports.",
+    )
+    tls: ProxyTls | None = Field(default=None, description="TLS towards clients; plaintext when absent.")
+    max_connections: int = Field(
+        default=10_000, ge=1, description="Client connections at once; past it a new one is closed at once."
+    )
+    max_frame_bytes: int = Field(
+        default=100 * MIB, ge=64 * 1024,
+        description="Largest request a client may send (Kafka's socket.request.max.bytes); a larger size "
+        "closes that connection. Answers are bounded by what clients ask (fetch.max.bytes).",
+    )  # fmt: skip
+    max_in_flight: int = Field(
+        default=32, ge=1,
+        description="Requests a connection may have waiting for answers; past it the proxy stops reading "
+        "from that client until answers go out (bounds memory per connection).",
+    )  # fmt: skip
+    idle_timeout_seconds: float = Field(
+        default=600.0, gt=0,
+        description="A connection with no request for this long is closed (Kafka's connections.max.idle.ms).",
+    )  # fmt: skip
+    frame_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="A request whose bytes stop arriving for this long closes its connection."
+    )
+    upstream_connect_timeout_seconds: float = Field(default=10.0, gt=0, description="Connecting to a broker.")
+    offsets_cache_seconds: float = Field(
+        default=2.0, gt=0,
+        description="How long a broker's high watermark and last stable offset asked by the proxy are reused for "
+        "remote answers (Fetch answers passing through refresh them anyway).",
+    )  # fmt: skip
+    remote_cursors: int = Field(
+        default=256, ge=1,
+        description="Partitions read from remote at once whose read-ahead is kept between fetches (each holds "
+        "up to prefetch_windows windows of the shared memory pool).",
+    )  # fmt: skip
+    remote_threads: int = Field(default=16, ge=1, le=256, description="Threads answering remote reads at once.")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Prometheus /metrics on this port (host as above); none if unset."
+    )
+
+    @model_validator(mode="after")
+    def _ports(self) -> ProxyListen:
+        if not self.broker_ports and self.broker_port_base is None:
+            raise ValueError("set broker_ports or broker_port_base: clients need a port for each broker")
+        return self
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.host
+
+
+class ProxySettings(ReaderSettings):
+    proxy: ProxyListen = Field(default_factory=ProxyListen, description="The Kafka-protocol access layer.")
+
+    def upstream_ssl(self) -> ssl.SSLContext | None:
+        """TLS towards the brokers, from ``kafka_client`` (security.protocol SSL / SASL_SSL, ssl.* files)."""
+        props = client_properties(self.kafka_client)
+        if props.get("security.protocol", "plaintext").lower() not in ("ssl", "sasl_ssl"):
+            return None
+        ctx = ssl.create_default_context(cafile=props.get("ssl.ca.location"))
+        if props.get("ssl.certificate.location"):
+            ctx.load_cert_chain(props["ssl.certificate.location"], props.get("ssl.key.location"),
+                                props.get("ssl.key.password"))  # fmt: skip
+        if props.get("enable.ssl.certificate.verification", "true").lower() == "false":
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        elif props.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+            ctx.check_hostname = False
+        return ctx
+
+
+def load_proxy_settings(config_file: Path | None = None, **overrides: Any) -> ProxySettings:
+    """Settings from ``config_file`` (.yaml/.yml/.toml), ``TIERING_*`` env vars (``TIERING_PROXY__BOOTSTRAP_PORT``)
+    and ``overrides``. Raises ConfigError naming the file and the invalid fields."""
+    return load_settings_file(ProxySettings, config_file, "proxy configuration", **overrides)

@@ -1,0 +1,303 @@
+"""One client connection: requests forwarded to one broker connection, answers written back in order.
+
+Two tasks per connection. The reading task takes each request frame, decides what it needs (forward as
+it is, forward a rewritten request, answer from remote storage, or both) and queues a *slot* for its
+answer; the writing task takes the slots in request order, reads the broker's answer for those that
+went to the broker (the broker answers a connection's requests in order, so the next frame from it is
+the answer of the oldest forwarded slot), completes it (rewritten addresses, remote partitions, remote
+offsets) and writes it. A Produce with acks=0 gets no answer from the broker and no slot. At most
+``max_in_flight`` slots wait: past that the reading task stops reading from the client.
+
+The connection to the broker is opened at the first request: a client that never sends one costs no
+broker connection. Whatever goes wrong with a connection (a garbage or oversized frame, a request that
+stops half way, a broker that goes away) closes that connection, and its broker connection, with a log
+line; the process and every other connection go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from reader.proxy import answers
+from reader.proxy.fetch import FETCH, FetchPlan
+from reader.proxy.protocol import (
+    ProtocolError,
+    can_parse,
+    parse,
+    peek_request,
+    read_request_head,
+    request_frame,
+    request_type,
+    response_body_start,
+    response_frame,
+    response_type,
+)
+from reader.proxy.routing import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE
+from tiering_core.logs import get_logger
+
+if TYPE_CHECKING:
+    from reader.proxy.server import ProxyServer
+
+log = get_logger(__name__)
+LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
+_SIZE = struct.Struct(">i")
+UPSTREAM_MAX_FRAME = (1 << 31) - 1
+Finish = Callable[[bytes | None], Awaitable[bytes | None]]
+
+
+class ConnectionClosed(Exception):
+    """Why a connection ends (its reason is logged and counted)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+@dataclass(slots=True)
+class Slot:
+    """A request's answer to come, in request order."""
+
+    api_key: int
+    version: int
+    correlation_id: int
+    started: float
+    upstream: bool  # the broker answers it (the next frame from the broker is its answer)
+    finish: Finish | None  # completes the answer; None: the broker's bytes go out unchanged
+    source: str = "broker"
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int, first_timeout: float | None,
+                     rest_timeout: float, who: str) -> bytes | None:  # fmt: skip
+    """The next frame's bytes (no size prefix); None at a clean end of stream."""
+    try:
+        async with asyncio.timeout(first_timeout):
+            head = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ConnectionClosed("truncated", f"{who} closed inside a frame's size") from None
+        return None
+    except TimeoutError:
+        raise ConnectionClosed("idle", f"no request from {who} for {first_timeout:.0f}s") from None
+    (size,) = _SIZE.unpack(head)
+    if size < 0 or size > max_bytes:
+        raise ConnectionClosed("oversized", f"{who} sent a frame of {size} bytes (at most {max_bytes})")
+    try:
+        async with asyncio.timeout(rest_timeout):
+            return await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise ConnectionClosed("truncated", f"{who} closed inside a frame of {size} bytes") from None
+    except TimeoutError:
+        raise ConnectionClosed("stalled", f"{who} stopped sending inside a frame of {size} bytes") from None
+
+
+class ClientConnection:
+    def __init__(self, server: ProxyServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 node_id: int | None) -> None:  # fmt: skip
+        self.server = server
+        self.settings = server.settings.proxy
+        self.client_reader, self.client_writer = reader, writer
+        self.node_id = node_id
+        self.peer = str(writer.get_extra_info("peername"))
+        self.slots: asyncio.Queue[Slot | None] = asyncio.Queue(self.settings.max_in_flight)
+        self.up_reader: asyncio.StreamReader | None = None
+        self.up_writer: asyncio.StreamWriter | None = None
+
+    async def serve(self) -> None:
+        tasks = [asyncio.create_task(self._read_requests()), asyncio.create_task(self._write_answers())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await asyncio.gather(*tasks)
+        except ConnectionClosed as exc:
+            self.server.metrics.closed_bad.labels(exc.reason).inc()
+            level = log.info if exc.reason in ("idle", "broker closed") else log.warning
+            level("client connection closed", client=self.peer, reason=str(exc))
+        except (ConnectionError, ProtocolError, OSError) as exc:
+            self.server.metrics.closed_bad.labels("error").inc()
+            log.warning("client connection closed", client=self.peer, reason=str(exc))
+        except Exception:
+            self.server.metrics.closed_bad.labels("bug").inc()
+            log.exception("client connection closed by an unexpected error", client=self.peer)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for w in (self.up_writer, self.client_writer):
+                if w is not None:
+                    w.close()
+                    with contextlib.suppress(Exception):
+                        await w.wait_closed()
+
+    # -- requests -------------------------------------------------------------------------------
+    async def _read_requests(self) -> None:
+        s = self.settings
+        while True:
+            frame = await read_frame(self.client_reader, s.max_frame_bytes, s.idle_timeout_seconds,
+                                     s.frame_timeout_seconds, f"client {self.peer}")  # fmt: skip
+            if frame is None:
+                await self.slots.put(None)
+                return
+            slot = await self._route(frame)
+            if slot is not None:
+                await self.slots.put(slot)
+
+    async def _route(self, frame: bytes) -> Slot | None:
+        api_key, version, correlation_id = peek_request(frame)
+        started = time.perf_counter()
+        await self._connect()
+        if not can_parse(api_key, version):
+            await self._forward(frame)
+            return Slot(api_key, version, correlation_id, started, True, None)
+        if api_key == FETCH:
+            return await self._fetch(frame, version, correlation_id, started)
+        finish: Finish | None = None
+        if api_key in (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, API_VERSIONS) or (
+            api_key == PRODUCE and version >= 10
+        ):
+            finish = self._rewriting(api_key, version, correlation_id)
+        elif api_key in (LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH):
+            head = read_request_head(frame)
+            request = parse(request_type(api_key, version), frame, head.body)
+            finish = self._completing(api_key, version, correlation_id, request)
+        await self._forward(frame)
+        if api_key == PRODUCE and _acks(frame, version) == 0:
+            return None  # the broker does not answer acks=0
+        return Slot(api_key, version, correlation_id, started, True, finish)
+
+    async def _fetch(self, frame: bytes, version: int, correlation_id: int, started: float) -> Slot:
+        head = read_request_head(frame)
+        request = parse(request_type(FETCH, version), frame, head.body)
+        server = self.server
+        plan = FetchPlan.make(version, request, server.view)
+        loop = asyncio.get_running_loop()
+        remote = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view) if plan.remote else None
+        if plan.upstream is not None:
+            sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
+            if plan.upstream_changed or not sessionless or plan.upstream.topics != request.topics:
+                frame = request_frame(head, frame, plan.upstream)
+            await self._forward(frame)
+
+        async def finish(answer: bytes | None) -> bytes | None:
+            if remote is not None:
+                await remote
+            if answer is None:
+                body, changed = plan.local_answer(), True
+            else:
+                body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
+                body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
+                rewritten = server.router.rewrite(FETCH, body)
+                changed = changed or rewritten is not body
+                body = rewritten
+            server.count_fetch(body, plan)
+            if plan.remote and plan.empty(body):
+                await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
+            return response_frame(correlation_id, FETCH, version, body) if changed else None
+
+        return Slot(FETCH, version, correlation_id, started, plan.upstream is not None, finish,
+                    "remote" if plan.remote else "broker")  # fmt: skip
+
+    def _rewriting(self, api_key: int, version: int, correlation_id: int) -> Finish:
+        async def finish(answer: bytes | None) -> bytes | None:
+            assert answer is not None
+            start = response_body_start(answer, api_key, version)
+            try:
+                body = parse(response_type(api_key, version), answer, start)
+            except ProtocolError:
+                if api_key == API_VERSIONS:
+                    return None  # an UNSUPPORTED_VERSION answer, written at v0: the client retries lower
+                raise
+            if api_key == API_VERSIONS:
+                new = answers.api_versions(body)
+            else:
+                if api_key == METADATA:
+                    for t in body.topics:
+                        self.server.view.learn_name(getattr(t, "topic_id", None), t.name)
+                new = self.server.router.rewrite(api_key, body)
+                if api_key == METADATA:
+                    await self.server.ensure_listeners(self.server.router.known_nodes())
+            return None if new is body else response_frame(correlation_id, api_key, version, new)
+
+        return finish
+
+    def _completing(self, api_key: int, version: int, correlation_id: int, request: Any) -> Finish:
+        complete = answers.list_offsets if api_key == LIST_OFFSETS else answers.offset_for_leader_epoch
+
+        async def finish(answer: bytes | None) -> bytes | None:
+            assert answer is not None
+            body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
+            if self.server.view.catalog.absent:
+                return None
+            loop = asyncio.get_running_loop()
+            new = await loop.run_in_executor(self.server.remote_pool, complete, request, body, self.server.view)
+            return None if new == body else response_frame(correlation_id, api_key, version, new)
+
+        return finish
+
+    # -- the broker side ------------------------------------------------------------------------
+    async def _connect(self) -> None:
+        if self.up_writer is not None:
+            return
+        self.up_reader, self.up_writer = await self.server.open_upstream(self.node_id)
+
+    async def _forward(self, frame: bytes) -> None:
+        assert self.up_writer is not None
+        self.up_writer.write(_SIZE.pack(len(frame)))
+        self.up_writer.write(frame)
+        await self.up_writer.drain()
+
+    # -- answers --------------------------------------------------------------------------------
+    async def _write_answers(self) -> None:
+        writer = self.client_writer
+        while True:
+            slot = await self.slots.get()
+            if slot is None:
+                return
+            answer = None
+            if slot.upstream:
+                assert self.up_reader is not None
+                answer = await read_frame(self.up_reader, UPSTREAM_MAX_FRAME, None, 300.0, "the broker")
+                if answer is None:
+                    raise ConnectionClosed("broker closed", f"broker of node {self.node_id} closed the connection")
+                (correlation_id,) = _SIZE.unpack_from(answer, 0)
+                if correlation_id != slot.correlation_id:
+                    raise ConnectionClosed("protocol", f"the broker answered correlation id {correlation_id}, "
+                                           f"expected {slot.correlation_id}")  # fmt: skip
+            out = await slot.finish(answer) if slot.finish is not None else None
+            if out is None:
+                assert answer is not None
+                writer.write(_SIZE.pack(len(answer)))
+                writer.write(answer)
+                size = len(answer) + 4
+            else:
+                writer.write(out)
+                size = len(out)
+            await writer.drain()
+            self.server.metrics.answered(slot.api_key, slot.source, size, time.perf_counter() - slot.started)
+
+
+def _acks(frame: bytes, version: int) -> int:
+    """A Produce request's acks (after the header and the transactional id)."""
+    head = read_request_head(frame)
+    pos = head.body
+    if version >= 9:  # compact nullable string: length + 1 as an unsigned varint
+        length, shift = 0, 0
+        while True:
+            b = frame[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        pos += max(length - 1, 0)
+    else:
+        (length,) = struct.unpack_from(">h", frame, pos)
+        pos += 2 + max(length, 0)
+    (acks,) = struct.unpack_from(">h", frame, pos)
+    return acks

@@ -1,0 +1,190 @@
+"""The Kafka protocol as the proxy handles it: frames, headers, and ``kio`` for the bodies it must read.
+
+A frame is an int32 size and that many bytes. A request starts with ``api_key`` int16, ``api_version``
+int16 and ``correlation_id`` int32, then ``client_id`` (nullable int16 string) and, in header v2 (the
+flexible versions), tagged fields; a response starts with the ``correlation_id`` and, in header v1, tagged
+fields (ApiVersions answers with header v0 at every version, so that a client that does not know the
+broker's versions yet can read it). Bodies are parsed and written with ``kio``: its dataclasses are
+generated from Kafka's own JSON schemas, parsing runs in native code and record batches stay bytes.
+``kio`` raises on a tagged field it does not know, so the proxy parses only what it must read or rewrite
+and forwards everything else as the bytes it received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import struct
+import sys
+from functools import cache
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.index import api_key_map, schema_name_map
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+from tiering_core.errors import TieringError
+
+API_VERSIONS = 18
+_HEAD = struct.Struct(">hhi")
+_INT32 = struct.Struct(">i")
+
+
+class ProtocolError(TieringError):
+    """A frame the proxy cannot read: its connection is closed (with a log line), never the process."""
+
+
+class RequestHead(NamedTuple):
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: int  # where the body starts in the frame
+
+
+@cache
+def supported_versions() -> dict[int, tuple[int, int]]:
+    """``{api key: (min, max)}``: the versions ``kio`` has schemas for (what the proxy can parse)."""
+    out: dict[int, tuple[int, int]] = {}
+    for key, name in api_key_map.items():
+        versions = [v for v, kinds in schema_name_map[name].items() if EntityType.response in kinds]
+        if versions:
+            out[key] = (min(versions), max(versions))
+    return out
+
+
+def can_parse(api_key: int, version: int) -> bool:
+    found = supported_versions().get(api_key)
+    return found is not None and found[0] <= version <= found[1]
+
+
+@cache
+def request_type(api_key: int, version: int) -> type:
+    return load_request_schema(api_key, version)
+
+
+@cache
+def response_type(api_key: int, version: int) -> type:
+    return load_response_schema(api_key, version)
+
+
+def schema_module(entity_type: type) -> ModuleType:
+    """The module of a kio entity: its nested types (``PartitionData``...) for building responses."""
+    return sys.modules[entity_type.__module__]
+
+
+@cache
+def _request_flexible_header(api_key: int, version: int) -> bool:
+    if not can_parse(api_key, version):
+        raise ProtocolError(f"API {api_key} v{version} is not one the proxy can read")
+    return request_type(api_key, version).__flexible__
+
+
+@cache
+def response_flexible_header(api_key: int, version: int) -> bool:
+    """Whether the response uses header v1 (tagged fields after the correlation id)."""
+    return api_key != API_VERSIONS and response_type(api_key, version).__flexible__
+
+
+def peek_request(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """``(api_key, api_version, correlation_id)`` of a request frame (without its size prefix)."""
+    if len(frame) < _HEAD.size:
+        raise ProtocolError(f"a request of {len(frame)} bytes is shorter than a request header")
+    return _HEAD.unpack_from(frame, 0)
+
+
+def read_request_head(frame: bytes | memoryview) -> RequestHead:
+    """The whole request header, and where the body starts (the version must be one kio knows)."""
+    api_key, version, correlation_id = peek_request(frame)
+    pos = _HEAD.size
+    if len(frame) < pos + 2:
+        raise ProtocolError("request header ends before its client id")
+    (length,) = struct.unpack_from(">h", frame, pos)
+    pos += 2
+    client_id = None
+    if length >= 0:
+        client_id = bytes(frame[pos : pos + length]).decode("utf-8", "replace")
+        pos += length
+    if _request_flexible_header(api_key, version):
+        pos = _skip_tagged_fields(frame, pos)
+    if pos > len(frame):
+        raise ProtocolError("request header runs past the frame")
+    return RequestHead(api_key, version, correlation_id, client_id, pos)
+
+
+def response_body_start(frame: bytes | memoryview, api_key: int, version: int) -> int:
+    """Where a response's body starts (after the correlation id and, in header v1, tagged fields)."""
+    pos = 4
+    if response_flexible_header(api_key, version):
+        pos = _skip_tagged_fields(frame, pos)
+    return pos
+
+
+def _uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 28:
+            raise ProtocolError("malformed unsigned varint in a header")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
+    count, pos = _uvarint(buf, pos)
+    for _ in range(count):
+        _, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        pos += size
+    return pos
+
+
+def parse(entity_type: type, frame: bytes | memoryview, start: int) -> Any:
+    """A body of ``entity_type`` from ``start`` to the frame's end; ProtocolError if it does not parse."""
+    try:
+        entity, _size = entity_reader(entity_type)(frame, start)
+    except Exception as exc:  # kio raises ValueError, struct errors, UnexpectedEOF... on bad input
+        raise ProtocolError(f"cannot parse {entity_type.__name__} v{entity_type.__version__}: {exc}") from exc
+    return entity
+
+
+def encode(entity: Any) -> bytes:
+    buf = io.BytesIO()
+    entity_writer(type(entity))(buf, entity)
+    return buf.getvalue()
+
+
+def request_frame(head: RequestHead, frame: bytes | memoryview, body: Any) -> bytes:
+    """The request re-encoded with a new body (the header's bytes kept as received)."""
+    return bytes(frame[: head.body]) + encode(body)
+
+
+def response_frame(correlation_id: int, api_key: int, version: int, body: Any) -> bytes:
+    """A whole response frame (size prefix included) with ``body``."""
+    header = _INT32.pack(correlation_id) + (b"\x00" if response_flexible_header(api_key, version) else b"")
+    payload = header + encode(body)
+    return _INT32.pack(len(payload)) + payload
+
+
+def with_size(payload: bytes) -> bytes:
+    return _INT32.pack(len(payload)) + payload
+
+
+def build(entity_type: type, **values: Any) -> Any:
+    """An entity from ``values``, dropping those its version does not have (fields vary by version)."""
+    names = {f.name for f in dataclasses.fields(entity_type)}
+    return entity_type(**{k: v for k, v in values.items() if k in names})
+
+
+def nested(entity_type: type, field: str) -> type:
+    """The entity type of a tuple field (``FetchResponse.responses`` -> ``FetchableTopicResponse``)."""
+    hint = entity_type.__dataclass_fields__[field].type
+    inner = hint.__args__[0] if hasattr(hint, "__args__") else hint
+    if isinstance(inner, str):
+        inner = getattr(schema_module(entity_type), inner.split("[")[-1].split(",")[0].strip())
+    return inner

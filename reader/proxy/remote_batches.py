@@ -1,0 +1,224 @@
+"""Whole record batches from the remote copies, read ahead, for the proxy's Fetch answers.
+
+A ``BatchCursor`` reads one partition sequentially from an offset: the copy's ``.log`` in the same
+windows as every other remote reader (``reader.stream.windows_from``: batch-aligned ranges of about
+``fetch_window_bytes``, the keys of the disk cache and what the hot-data preloader warms), paid for in
+the memory pool before each GET, with up to ``prefetch_windows`` windows downloaded ahead on the
+reader's download threads. A read hands out the batches of the head window from the fetch offset on,
+about ``max_bytes`` of them (at least one batch, as Kafka's fetch), as the bytes Kafka wrote: nothing is
+decoded or re-encoded, every batch's CRC-32C is checked and offsets must lie inside the copy and grow.
+
+``CursorCache`` keeps cursors between a client's fetches, keyed by the offset each continues at, so a
+client's next fetch finds its read-ahead ready; several clients reading one partition at different
+offsets get a cursor each. Cursors are caches: evicting one only costs read-ahead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from reader.batches import check_offsets, complete_prefix, scanned_headers
+from reader.errors import RemoteDataCorrupt
+from reader.remote import RemoteReader, verify_crcs
+from reader.segments import SegmentCopy
+from reader.stream import windows_from
+from reader.txn import TxnView
+from tiering_core.formats import AbortedTxn, BatchHeader
+
+
+@dataclass(frozen=True, slots=True)
+class ServedBatches:
+    """Batches for one partition of a Fetch answer: ``data`` whole batches (possibly empty), the aborted
+    transactions overlapping them (read_committed), and where the next fetch continues."""
+
+    data: bytes | memoryview
+    aborted: list[AbortedTxn]
+    next_offset: int
+    blocked: bool = False  # read_committed stopped at a transaction whose outcome is not remote yet
+
+
+class _Window:
+    __slots__ = ("end", "future", "reserved", "start")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.future: Future[bytes] | None = None
+        self.reserved = 0
+
+
+class BatchCursor:
+    """One partition from ``position`` on. One caller at a time (the cache hands it out exclusively)."""
+
+    def __init__(self, reader: RemoteReader, topic: str, partition: int, position: int) -> None:
+        self.reader = reader
+        self.topic, self.partition = topic, partition
+        self.position = position
+        self.copy: SegmentCopy | None = None
+        self.txns: TxnView | None = None
+        self.windows: deque[_Window] = deque()
+        self.data: bytes | None = None  # the head window's bytes, once taken
+        self.headers: list[BatchHeader] = []
+        self.next_batch = 0
+
+    def read(self, max_bytes: int, read_committed: bool) -> ServedBatches:
+        """Batches from ``position``. Raises NotInRemote at the remote end (the broker has the rest),
+        OffsetOutOfRange below the remote start, and the store's read errors (nothing is skipped:
+        the next read retries at the same offset)."""
+        try:
+            return self._read(max_bytes, read_committed)
+        except BaseException:
+            self.close()  # planned afresh from ``position`` next time
+            raise
+
+    def _read(self, max_bytes: int, read_committed: bool) -> ServedBatches:
+        while True:
+            if self.copy is None or self.position > self.copy.end_offset:
+                self._begin(self.reader.locate(self.topic, self.partition, self.position))
+            if self.data is None:
+                if not self.windows:
+                    self.copy = None  # the copy is done: the next one
+                    continue
+                self._take_head()
+            assert self.copy is not None and self.data is not None
+            headers = self.headers
+            i = self.next_batch
+            while i < len(headers) and headers[i].last_offset < self.position:
+                i += 1
+            j, size = i, 0
+            while j < len(headers) and (j == i or size + headers[j].size <= max_bytes):
+                size += headers[j].size
+                j += 1
+            if i == j:  # the window is used up
+                self._drop_head()
+                continue
+            chosen = headers[i:j]
+            blocked = False
+            if read_committed:
+                chosen, blocked = self._resolved(chosen)
+                if not chosen:
+                    return ServedBatches(b"", [], self.position, blocked=True)
+                j = i + len(chosen)
+            first, last = chosen[0], chosen[-1]
+            view = memoryview(self.data)[first.position : last.position + last.size]
+            aborted = []
+            if read_committed and self.txns is not None:
+                aborted = [a for a in self.txns.aborted
+                           if a.last_offset >= self.position and a.first_offset <= last.last_offset]  # fmt: skip
+            self.next_batch = j
+            self.position = last.last_offset + 1
+            self._fill()
+            return ServedBatches(view, aborted, self.position, blocked)
+
+    def _resolved(self, chosen: list[BatchHeader]) -> tuple[list[BatchHeader], bool]:
+        """The batches before the first one of a transaction whose outcome is beyond the remote data."""
+        if self.txns is None:
+            assert self.copy is not None
+            self.txns = self.reader.transactions(self.copy)
+        unresolved = self.txns.unresolved
+        if not unresolved:
+            return chosen, False
+        for k, h in enumerate(chosen):
+            first = unresolved.get(h.producer_id) if h.is_transactional else None
+            if first is not None and h.last_offset >= first:
+                return chosen[:k], True
+        return chosen, False
+
+    # -- windows --------------------------------------------------------------------------------
+    def _begin(self, copy: SegmentCopy) -> None:
+        self.close()
+        self.copy = copy
+        self.txns = None
+        self.position = max(self.position, copy.base_offset)
+        width = self.reader.settings.fetch_window_bytes
+        planned = windows_from(copy, copy.position_for(self.position), width)
+        self.windows.extend(_Window(w.start, w.end) for w in planned)
+        self._fill()
+
+    def _fill(self) -> None:
+        """Start downloads of the next windows into free pool room (read-ahead never waits for room)."""
+        assert self.copy is not None
+        ahead = self.reader.settings.prefetch_windows
+        for w in list(self.windows)[: ahead + 1]:
+            if w.future is None:
+                if not self.reader.pool.try_reserve(w.end - w.start):
+                    break
+                w.reserved = w.end - w.start
+                w.future = self.reader.executor.submit(self.reader.read_range, self.copy, w.start, w.end,
+                                                       cacheable=True)  # fmt: skip
+
+    def _take_head(self) -> None:
+        assert self.copy is not None
+        w = self.windows[0]
+        if w.future is None:
+            self.reader.pool.reserve(w.end - w.start)
+            w.reserved = w.end - w.start
+            w.future = self.reader.executor.submit(self.reader.read_range, self.copy, w.start, w.end, cacheable=True)
+        data = w.future.result()
+        key = self.copy.log_key
+        whole = complete_prefix(key, data, w.start)
+        if whole != len(data):
+            raise RemoteDataCorrupt(key, w.start + whole, "a window of the object ends inside a batch")
+        headers = scanned_headers(key, data, w.start)
+        check_offsets(key, headers, w.start, self.copy.base_offset, self.copy.end_offset, -1)
+        verify_crcs(key, data, headers, w.start)
+        self.data, self.headers, self.next_batch = data, headers, 0
+
+    def _drop_head(self) -> None:
+        w = self.windows.popleft()
+        self._release(w)
+        self.data, self.headers, self.next_batch = None, [], 0
+
+    def _release(self, w: _Window) -> None:
+        if w.future is not None and not w.future.done():
+            w.future.cancel()
+        if w.reserved:
+            self.reader.pool.release(w.reserved)
+            w.reserved = 0
+
+    def close(self) -> None:
+        """Free the pool room of every window (read-ahead still downloading is abandoned)."""
+        while self.windows:
+            self._release(self.windows.popleft())
+        self.data, self.headers, self.next_batch = None, [], 0
+        self.copy = None
+
+
+class CursorCache:
+    """Cursors by ``(topic, partition, next offset)``, least recently used evicted past ``capacity``."""
+
+    def __init__(self, reader: RemoteReader, capacity: int) -> None:
+        self.reader = reader
+        self.capacity = capacity
+        self.lock = threading.Lock()
+        self.cursors: OrderedDict[tuple[str, int, int], BatchCursor] = OrderedDict()
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:
+        """``BatchCursor.read`` on the cursor that continues at ``offset`` (a new one if none does)."""
+        with self.lock:
+            cursor = self.cursors.pop((topic, partition, offset), None)
+        if cursor is None:
+            cursor = BatchCursor(self.reader, topic, partition, offset)
+        served = cursor.read(max_bytes, read_committed)  # on an error the cursor closes itself
+        self._keep(cursor)
+        return served
+
+    def _keep(self, cursor: BatchCursor) -> None:
+        evicted = []
+        with self.lock:
+            old = self.cursors.pop((cursor.topic, cursor.partition, cursor.position), None)
+            if old is not None:
+                evicted.append(old)
+            self.cursors[(cursor.topic, cursor.partition, cursor.position)] = cursor
+            while len(self.cursors) > self.capacity:
+                evicted.append(self.cursors.popitem(last=False)[1])
+        for c in evicted:
+            c.close()
+
+    def close(self) -> None:
+        with self.lock:
+            cursors, self.cursors = list(self.cursors.values()), OrderedDict()
+        for c in cursors:
+            c.close()

@@ -1,0 +1,98 @@
+"""Which port stands for which broker, and the responses that carry broker addresses, rewritten.
+
+Clients bootstrap to the proxy's bootstrap port; every address a response gives them is the proxy's
+advertised host with the port that stands for that broker (``broker_ports``, else ``broker_port_base``
+plus the node id), so they always come back through the proxy. Every instance derives the same ports
+from the same configuration, so several instances behind one address (a Kubernetes Service) give the
+same answers and a client may reach any of them. The brokers' own addresses are learned from the
+Metadata responses passing through (and asked of the cluster when a client connects to a broker the
+instance has not seen in a response yet, after a restart).
+
+Rewritten: Metadata, FindCoordinator (v0-3 top-level fields, v4+ ``coordinators``), DescribeCluster
+(broker endpoints; controller endpoints are left alone) and the ``node_endpoints`` of Produce v10+ and
+Fetch v16+ (KIP-951: the new leader's address comes with a NOT_LEADER error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kio.static.primitive import i32
+
+from tiering_core.errors import ConfigError
+
+METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, PRODUCE, FETCH = 3, 10, 60, 0, 1
+REWRITTEN = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+
+
+class Router:
+    """Node id <-> proxy port, and node id -> the broker's own address. Thread-safe."""
+
+    def __init__(self, advertised_host: str, broker_ports: dict[int, int], port_base: int | None,
+                 bootstrap: list[tuple[str, int]]) -> None:  # fmt: skip
+        self.advertised_host = advertised_host
+        self.broker_ports = dict(broker_ports)
+        self.port_base = port_base
+        self.bootstrap = bootstrap
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+        self.on_new_node: Callable[[int], None] | None = None  # the server starts that node's listener
+
+    def port_for(self, node_id: int) -> int:
+        """The proxy's port for ``node_id``. ConfigError when the configuration has none for it."""
+        port = self.broker_ports.get(node_id)
+        if port is None and self.port_base is not None:
+            port = self.port_base + node_id
+        if port is None:
+            raise ConfigError(f"no proxy port for broker {node_id}: add it to broker_ports or set broker_port_base")
+        return port
+
+    def node_for_port(self, port: int) -> int | None:
+        for node, p in self.broker_ports.items():
+            if p == port:
+                return node
+        if self.port_base is not None and port > self.port_base:
+            return port - self.port_base
+        return None
+
+    def learn(self, node_id: int, host: str, port: int) -> None:
+        with self._lock:
+            new = node_id not in self._brokers
+            self._brokers[node_id] = (host, port)
+        if new and self.on_new_node is not None:
+            self.on_new_node(node_id)
+
+    def broker_address(self, node_id: int) -> tuple[str, int] | None:
+        with self._lock:
+            return self._brokers.get(node_id)
+
+    def known_nodes(self) -> list[int]:
+        with self._lock:
+            return sorted(self._brokers)
+
+    # -- rewriting ------------------------------------------------------------------------------
+    def _endpoint(self, entity: Any, id_field: str = "node_id") -> Any:
+        node = int(getattr(entity, id_field))
+        if node < 0:
+            return entity  # "no coordinator" / unknown leader: nothing to point at
+        self.learn(node, entity.host, int(entity.port))
+        return dataclasses.replace(entity, host=self.advertised_host, port=i32(self.port_for(node)))
+
+    def rewrite(self, api_key: int, body: Any) -> Any:
+        """The response body with every broker address replaced by the proxy's (others unchanged)."""
+        if api_key == METADATA:
+            return dataclasses.replace(body, brokers=tuple(self._endpoint(b) for b in body.brokers))
+        if api_key == FIND_COORDINATOR:
+            if hasattr(body, "coordinators"):
+                return dataclasses.replace(body, coordinators=tuple(self._endpoint(c) for c in body.coordinators))
+            return self._endpoint(body)
+        if api_key == DESCRIBE_CLUSTER:
+            if getattr(body, "endpoint_type", 1) != 1:
+                return body  # controller endpoints (bootstrap.controllers clients): not the proxy's to rewrite
+            return dataclasses.replace(body, brokers=tuple(self._endpoint(b, "broker_id") for b in body.brokers))
+        if api_key in (PRODUCE, FETCH) and getattr(body, "node_endpoints", ()):
+            return dataclasses.replace(body, node_endpoints=tuple(self._endpoint(n) for n in body.node_endpoints))
+        return body

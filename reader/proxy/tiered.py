@@ -1,0 +1,235 @@
+"""What the proxy knows of tiered partitions: the broker's offsets (a short-lived cache) and the remote
+copies (the metadata catalog), and the answers the broker can no longer give for data below its log start.
+
+The broker's log start, high watermark and last stable offset of a partition come with every Fetch
+answer passing through and are cached; a partition the proxy serves from remote storage before it saw
+one asks the cluster (ListOffsets through the proxy's own admin client) and keeps the answer for
+``offsets_cache_seconds``. The log start only grows, so a fetch offset below a cached log start is
+below the current one too; a fetch offset at or above it goes to the broker, which answers
+OFFSET_OUT_OF_RANGE if the log start moved past it since (then the proxy serves it from remote).
+
+Answers for offsets below the log start, as Kafka's broker gives them with KIP-405:
+- ListOffsets EARLIEST (-2): the remote start (Rx) when remote data is there; LATEST_TIERED (-5): the
+  remote end (Ry); a timestamp: the first offset whose record timestamp is at or after it, from the
+  copies' time indexes and then their batches, when that offset is below the broker's log start.
+- OffsetForLeaderEpoch: from the leader-epoch checkpoints the copies carry, where a later epoch
+  started inside the remote data (the broker truncated those epochs from its cache with the log).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import uuid
+from typing import NamedTuple
+
+from reader.batches import complete_prefix
+from reader.catalog import MetadataCatalog
+from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
+from reader.proxy.remote_batches import CursorCache, ServedBatches
+from reader.remote import RemoteReader
+from reader.segments import SegmentCopy
+from tiering_core.formats import decode_batch, scan_headers
+from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError
+from tiering_core.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class BrokerOffsets(NamedTuple):
+    log_start: int
+    high_watermark: int
+    last_stable: int
+    seen: float  # time.monotonic() of the answer
+
+
+class TieredView:
+    """Thread-safe. ``close()`` frees the cursors (the reader is closed by its owner)."""
+
+    def __init__(self, reader: RemoteReader, cluster: KafkaCluster, cache_seconds: float, cursors: int) -> None:
+        self.reader = reader
+        self.catalog: MetadataCatalog = reader.catalog
+        self.cluster = cluster
+        self.cache_seconds = cache_seconds
+        self.cursors = CursorCache(reader, cursors)
+        self._offsets: dict[tuple[str, int], BrokerOffsets] = {}
+        self._names: dict[uuid.UUID, str] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.cursors.close()
+
+    # -- names ----------------------------------------------------------------------------------
+    def learn_name(self, topic_id: uuid.UUID | None, name: str | None) -> None:
+        if topic_id is not None and name and topic_id.int:
+            with self._lock:
+                self._names[topic_id] = name
+
+    def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
+        """A topic id's name, from the Metadata answers seen, else the tiering metadata (tiered topics)."""
+        if topic_id is None or not topic_id.int:
+            return None
+        with self._lock:
+            found = self._names.get(topic_id)
+        return found if found is not None else self.catalog.topic_name(topic_id.bytes)
+
+    # -- the broker's offsets -------------------------------------------------------------------
+    def observe(self, topic: str, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
+        """A broker's answer for a partition (a Fetch without error): the newest values win."""
+        if log_start < 0 or high_watermark < 0:
+            return
+        with self._lock:
+            old = self._offsets.get((topic, partition))
+            if old is not None and old.log_start > log_start and old.high_watermark >= high_watermark:
+                return  # an older answer arriving late (log start only grows)
+            self._offsets[(topic, partition)] = BrokerOffsets(log_start, high_watermark, last_stable, time.monotonic())
+
+    def known_log_start(self, topic: str, partition: int) -> int | None:
+        with self._lock:
+            found = self._offsets.get((topic, partition))
+        return None if found is None else found.log_start
+
+    def broker_offsets(self, topic: str, partition: int, *, fresh: bool = False) -> BrokerOffsets:
+        """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now.
+        Raises KafkaClusterError."""
+        with self._lock:
+            found = self._offsets.get((topic, partition))
+        if found is not None and not fresh and time.monotonic() - found.seen < self.cache_seconds:
+            return found
+        got = self.cluster.local_offsets([(topic, partition)])[(topic, partition)]
+        with self._lock:
+            self._offsets[(topic, partition)] = found = BrokerOffsets(got.lx, got.lz, got.ly, time.monotonic())
+        return found
+
+    # -- remote ---------------------------------------------------------------------------------
+    def remote_range(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(Rx, Ry) when the partition has readable remote data, else None."""
+        if self.catalog.absent:
+            return None
+        try:
+            rx, ry = self.catalog.remote_offsets(topic, partition)
+        except (UnknownTopic, KafkaClusterError):
+            return None
+        if rx is None or ry is None or rx > ry:
+            return None
+        return rx, ry
+
+    def routes_remote(self, topic: str, partition: int, offset: int) -> bool:
+        """A fetch at ``offset`` is for the remote copies: below the broker's (cached) log start, and
+        within the remote data. Cheap when the partition is not below its log start."""
+        log_start = self.known_log_start(topic, partition)
+        if log_start is None or offset >= log_start:
+            return False
+        found = self.remote_range(topic, partition)
+        return found is not None and found[0] <= offset <= found[1]
+
+    def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
+        """The broker's log start when ``offset`` lies in a hole between the remote end and it (segments the
+        broker's retention deleted before they were copied): the fetch continues there. None otherwise."""
+        log_start = self.known_log_start(topic, partition)
+        if log_start is None or offset >= log_start:
+            return None
+        found = self.remote_range(topic, partition)
+        if found is None or offset <= found[1]:
+            return None
+        return log_start
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:
+        """Whole batches from ``offset``. Raises NotInRemote, OffsetOutOfRange and the read errors."""
+        if self.catalog.download_paused(topic):
+            return ServedBatches(b"", [], offset, blocked=True)
+        return self.cursors.read(topic, partition, offset, max_bytes, read_committed)
+
+    # -- offsets answers ------------------------------------------------------------------------
+    def earliest(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(remote start, its leader epoch) for ListOffsets EARLIEST, None without remote data."""
+        return self._bound(topic, partition, 0)
+
+    def latest_tiered(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(remote end, its leader epoch) for ListOffsets LATEST_TIERED (-5), None without remote data."""
+        return self._bound(topic, partition, 1)
+
+    def _bound(self, topic: str, partition: int, which: int) -> tuple[int, int] | None:
+        found = self.remote_range(topic, partition)
+        if found is None:
+            return None
+        copy = self._locate(topic, partition, found[which])
+        return found[which], _epoch_at(copy, found[which]) if copy is not None else -1
+
+    def offset_for_time(self, topic: str, partition: int, timestamp: int, below: int) -> tuple[int, int, int] | None:
+        """(offset, record timestamp, leader epoch) of the first record at or after ``timestamp`` among the
+        remote offsets below ``below`` (the broker's log start), as Kafka's broker finds it: the first
+        segment whose max timestamp reaches it, then the first batch, then the first record."""
+        found = self.remote_range(topic, partition)
+        if found is None:
+            return None
+        for segment in self.catalog.copies(topic, partition):
+            if segment.end_offset < found[0] or segment.max_timestamp < timestamp:
+                continue
+            if segment.base_offset >= below:
+                return None
+            copy = self.reader.indexes.get(self.catalog.ref(topic, partition, segment))
+            hit = self._scan_for_time(copy, timestamp, max(found[0], copy.base_offset))
+            if hit is not None:
+                return hit if hit[0] < below else None
+        return None
+
+    def _scan_for_time(self, copy: SegmentCopy, timestamp: int, start: int) -> tuple[int, int, int] | None:
+        i = bisect.bisect_left(copy.time_timestamps, timestamp)  # the entry whose max timestamp reaches it
+        from_offset = copy.time_offsets[i - 1] + 1 if i > 0 else start
+        position = copy.position_for(max(from_offset, start))
+        width = self.reader.settings.fetch_window_bytes
+        while position < copy.size:
+            end = min(copy.size, position + width)
+            data = self.reader.read_range(copy, position, end)
+            last_whole = position
+            for h in scan_headers(copy.log_key, data[: complete_prefix(copy.log_key, data, position)]):
+                last_whole = position + h.position + h.size
+                if h.last_offset < start or h.max_timestamp < timestamp or h.is_control:
+                    continue
+                for record in decode_batch(copy.log_key, data, h).records:
+                    if record.offset >= start and record.timestamp >= timestamp:
+                        return record.offset, record.timestamp, h.partition_leader_epoch
+            if last_whole == position:  # one batch larger than a window
+                width *= 2
+            position = last_whole
+        return None
+
+    def end_offset_for_epoch(self, topic: str, partition: int, epoch: int) -> tuple[int, int] | None:
+        """(epoch, end offset) for OffsetForLeaderEpoch where a later epoch starts inside the remote data
+        (Kafka's LeaderEpochFileCache.endOffsetFor over the copies' checkpoints); None where the broker's
+        own answer stands (no remote data, or no later epoch known remotely)."""
+        found = self.remote_range(topic, partition)
+        if found is None:
+            return None
+        entries: dict[int, int] = {}
+        for offset in (found[0], found[1]):  # the oldest and the newest copy's checkpoints
+            copy = self._locate(topic, partition, offset)
+            if copy is not None:
+                for e in copy.epochs:
+                    entries.setdefault(e.epoch, e.start_offset)
+        epochs = sorted(entries)
+        i = bisect.bisect_right(epochs, epoch)  # epochs[i]: the first one after ``epoch``
+        if i >= len(epochs) or entries[epochs[i]] > found[1]:
+            return None
+        floor = epochs[i - 1] if i > 0 else epoch
+        return floor, entries[epochs[i]]
+
+    def _locate(self, topic: str, partition: int, offset: int) -> SegmentCopy | None:
+        try:
+            return self.reader.locate(topic, partition, offset)
+        except (NotInRemote, OffsetOutOfRange):
+            return None
+        except RemoteReadError as exc:
+            log.warning("reading a remote copy's indexes failed", topic=topic, partition=partition, error=str(exc))
+            return None
+
+
+def _epoch_at(copy: SegmentCopy, offset: int) -> int:
+    """The leader epoch in force at ``offset`` by the copy's checkpoint (-1 when it has none)."""
+    epoch = -1
+    for e in copy.epochs:
+        if e.start_offset <= offset:
+            epoch = e.epoch
+    return epoch

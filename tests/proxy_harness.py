@@ -1,0 +1,71 @@
+"""Shared pieces of the proxy's integration tests: a proxy in front of the stack, clients through it."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
+
+from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_proxy
+from tests.sidecar_harness import Produced
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def proxy_for(config: Path, bootstrap: str, **listen: Any) -> Iterator[ProxyServer]:
+    """A proxy in front of the cluster of ``bootstrap``, reading the remote data of the sidecar config."""
+    nodes = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).brokers)
+    ports = {n: free_port() for n in nodes}
+    settings = load_proxy_settings(config, proxy=ProxyListen(bootstrap_port=0, broker_ports=ports,
+                                                             broker_port_base=None, **listen))  # fmt: skip
+    with running_proxy(settings, CollectorRegistry()) as proxy:
+        yield proxy
+
+
+def proxy_bootstrap(proxy: ProxyServer) -> str:
+    return f"127.0.0.1:{proxy.bootstrap_port}"
+
+
+def read_all(bootstrap: str, topic: str, ends: dict[int, int], timeout: float = 180,
+             **config: Any) -> dict[int, list[Any]]:  # fmt: skip
+    """Every record of ``topic`` from offset 0 (assign at the beginning, no group) until each partition
+    reaches its end offset; messages by partition in delivery order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"proxy-test-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", **config})  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        got: dict[int, list[Any]] = {p: [] for p in ends}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in consumer.consume(1000, 1.0):
+                assert m.error() is None, m.error()
+                got[m.partition()].append(m)
+            positions = consumer.position([TopicPartition(topic, p) for p in ends])
+            if all(tp.offset >= ends[tp.partition] for tp in positions):
+                return got
+        raise AssertionError(f"not at the end after {timeout}s: {[(p, len(got[p])) for p in ends]}")
+    finally:
+        consumer.close()
+
+
+def check_exact(offsets_and_records: list[tuple[int, tuple]], want: Produced) -> None:
+    """Every wanted offset exactly once, in order, byte for byte; nothing else."""
+    offsets = [o for o, _ in offsets_and_records]
+    assert offsets == sorted(set(offsets)), "duplicates or out of order"
+    missing = sorted(set(want) - set(offsets))
+    extra = sorted(set(offsets) - set(want))
+    assert not missing and not extra, f"missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})"
+    for offset, record in offsets_and_records:
+        assert record == want[offset], f"offset {offset} differs"
