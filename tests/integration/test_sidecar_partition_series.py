@@ -105,7 +105,7 @@ def test_deleted_and_rolled_back_topics_leave_no_frozen_series(stack: Endpoints,
         assert (ids[rolled], 0) in sidecar.tasks, "remote copies are left: their retention still runs"
         assert series(port, rolled)[("tiering_remote_copy_lag_segments", "0")] == 0
         assert status_rows(port)[f"{ids[rolled]}/0"]["copy_lag_segments"] == 0
-        cli("topic", "rollback", rolled, "--delete-remote", "--config", str(config))
+        cli("topic", "rollback", rolled, "--delete-remote", "--yes", "--config", str(config))
         wait_for(lambda: not series(port, rolled) and f"{ids[rolled]}/0" not in status_rows(port), 60,
                  "the rolled-back topic's series and status to go", step=sidecar.tick)  # fmt: skip
         assert (ids[rolled], 0) not in sidecar.tasks

@@ -94,7 +94,9 @@ def test_rollback_stops_tiering_keeps_remote_readable_and_delete_remote_removes_
         first = refs(ctx, topic, topic_id)[0]
         body = ctx.store.get_bytes(first.key(ctx.prefix, "log"))
         assert min(decoded_offsets(body, "remote")) == 0, "the remote copy is no longer readable"
-        assert "already rolled back" in cli("topic", "rollback", topic, "--delete-remote", "--config", str(config))
+        assert "already rolled back" in cli(
+            "topic", "rollback", topic, "--delete-remote", "--yes", "--config", str(config)
+        )
         assert topic_objects(ctx, topic, topic_id) == []
         wait_for(lambda: not refs(ctx, topic, topic_id), 30, "every copy to be DELETE_SEGMENT_FINISHED")
 

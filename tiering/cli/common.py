@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,20 @@ config_option = click.option(
     default=None,
     help="Sidecar configuration file (YAML or TOML); TIERING_* environment variables override it.",
 )
+
+
+yes_option = click.option("--yes", is_flag=True, help="Do what the command destroys without asking.")
+
+
+def confirm_or_refuse(question: str, yes: bool, nothing_done: str) -> None:
+    """Go on when ``yes`` or when the user confirms at a terminal; otherwise stop (exit 1) saying
+    ``nothing_done``. Without a terminal on stdin there is nobody to ask: only --yes confirms."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.ClickException(f"not confirmed (stdin is not a terminal): {nothing_done}; run again with --yes")
+    if not click.confirm(question, default=False):
+        raise click.ClickException(f"not confirmed: {nothing_done}")
 
 
 def settings_from(config_file: Path | None) -> SidecarSettings:

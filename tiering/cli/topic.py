@@ -18,8 +18,9 @@ from rich.table import Table
 
 from metadata import ClusterRecord, TopicRecord
 from segment_fsm import LogStarts, SegmentState, TopicAction
-from tiering.cli.common import admin_context, config_option
+from tiering.cli.common import admin_context, config_option, confirm_or_refuse, settings_from, yes_option
 from tiering.policy import RetentionSettings
+from tiering.policy.tierable import name_refusal, refusal
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.retry import Scope
 from tiering.sidecar.status import read_status, status_key
@@ -72,15 +73,18 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
     """Start tiering topic NAME: upload rolled segments, keep only the local retention on disk.
 
     The topic's retention.ms / retention.bytes are not changed: they stay the total retention.
-    Compacted topics and a local retention above the total are refused.
+    Refused: internal topics (names starting with __, the metadata WAL), Kafka Streams' internal topics
+    (-changelog, -repartition), compacted topics, and a local retention above the total.
     """
+    metadata_topic = settings_from(config_file).metadata_topic
+    reason = name_refusal(name, metadata_topic)  # before any lookup: __cluster_metadata is not even listed
+    if reason is not None:
+        raise click.ClickException(reason)
     with admin_context(config_file) as ctx:
         info = _topic_info(ctx, name)
-        if info.compacted:
-            raise click.ClickException(
-                f"topic {name} has cleanup.policy={info.configs.get('cleanup.policy')}: compacted topics cannot be "
-                "tiered (Kafka's KIP-405 does not support them either)"
-            )
+        reason = refusal(info, metadata_topic)
+        if reason is not None:
+            raise click.ClickException(reason)
         try:
             RetentionSettings(
                 retention_ms=info.config_int("retention.ms", 7 * 24 * 3600 * 1000),
@@ -131,16 +135,26 @@ topic.add_command(
 
 @topic.command()
 @click.argument("name")
-@click.option("--delete-remote", is_flag=True, help="Also delete every remote object of the topic.")
+@click.option("--delete-remote", is_flag=True, help="Also delete every remote object of the topic (asks first).")
+@yes_option
 @config_option
-def rollback(name: str, delete_remote: bool, config_file: Path | None) -> None:
+def rollback(name: str, delete_remote: bool, yes: bool, config_file: Path | None) -> None:
     """Stop tiering topic NAME: no more uploads and no more local deletion by the sidecar.
 
     From then on the broker's own retention governs the local log. The remote copy stays readable
-    until its retention, unless --delete-remote deletes it now (through the segment state machine).
+    until its retention, unless --delete-remote deletes it now (through the segment state machine):
+    that first lists, per partition, the offsets that exist only in remote storage (below the broker's
+    log start offset) and needs --yes or a confirmation typed at a terminal; otherwise nothing changes.
     """
     with admin_context(config_file) as ctx:
         info = _topic_info(ctx, name)
+        if delete_remote:
+            click.echo(f"{name}: --delete-remote deletes every remote copy; offsets that exist only there "
+                       "(below the broker's log start offset):")  # fmt: skip
+            for row in partition_rows(ctx, info):
+                click.echo(f"  partition {row['partition']}: {_remote_only(row['Rx'], row['Ry'], row['Lx'])}")
+            confirm_or_refuse(f"Roll back {name} and delete its remote data for good?", yes,
+                              f"nothing was rolled back or deleted for {name}")  # fmt: skip
         current = ctx.manager.tiering(info.topic_id)
         if current is not None and current.rolled_back:
             click.echo(f"{name}: already rolled back")
@@ -150,6 +164,14 @@ def rollback(name: str, delete_remote: bool, config_file: Path | None) -> None:
         if delete_remote:
             deleted = _delete_remote(ctx, info)
             click.echo(f"{name}: deleted {deleted} remote segment copies and every object under the topic's prefix")
+
+
+def _remote_only(rx: int | None, ry: int | None, lx: int) -> str:
+    """The remote range below the broker's log start offset Lx, [Rx, min(Ry, Lx - 1)], as a user reads it."""
+    if rx is None or ry is None or min(ry, lx - 1) < rx:
+        return "none"
+    last = min(ry, lx - 1)
+    return f"offsets {rx}-{last} ({last - rx + 1} offsets)"
 
 
 def _delete_remote(ctx: SidecarContext, info: TopicInfo) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from metadata.records import topic_id_str
 from segment_fsm import SegmentState, TopicTiering
+from tiering.policy.tierable import refusal
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.facts import PartitionFacts
 from tiering.sidecar.retry import Scope
@@ -54,11 +55,11 @@ class LedPartition:
 
 @dataclass(frozen=True)
 class Led:
-    """The runner's view of one tick: the partitions to act on, and the tiered topics (id -> name) that
-    are compacted now, which are never acted on."""
+    """The runner's view of one tick: the partitions to act on, and the tiered topics that are never acted
+    on (id -> (name, why), see ``tiering.policy.tierable``): internal, Streams' or compacted now."""
 
     partitions: list[LedPartition]
-    compacted: dict[str, str]
+    refused: dict[str, tuple[str, str]]
 
 
 def led_partitions(ctx: SidecarContext) -> Led:
@@ -75,8 +76,9 @@ def led_partitions(ctx: SidecarContext) -> Led:
         info = infos.get(name)
         if info is None or info.topic_id != topic_id:
             continue  # deleted (the janitor's), or created again: another topic id
-        if info.compacted:
-            led.compacted[topic_id] = name
+        reason = refusal(info, ctx.settings.metadata_topic)
+        if reason is not None:
+            led.refused[topic_id] = (name, reason)
             continue
         tiered = tiering.enabled and not tiering.rolled_back and not rolled_back
         uploads_allowed = tiering.uploads_allowed and not paused and not rolled_back

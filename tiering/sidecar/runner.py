@@ -47,7 +47,7 @@ class Sidecar:
         self.last_error: str | None = None
         self.led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}  # as of the last tick
         self.endpoint: StatusEndpoint | None = None
-        self.compacted: set[str] = set()  # tiered topics made compacted since: reported once
+        self.refused: set[str] = set()  # topic ids never tiered though the metadata says so: reported once
         self._monitor = threading.Thread(target=self._monitor_loop, name="lag-monitor", daemon=True)
 
     def start(self) -> None:
@@ -173,10 +173,11 @@ class Sidecar:
     def _tick(self) -> bool:
         """Run the partitions' steps; True once they ran (then the janitor may run)."""
         led = led_partitions(self.ctx)
-        for topic_id, name in led.compacted.items():
-            if topic_id not in self.compacted:  # once, not every tick
-                log.error("compacted topics cannot be tiered; skipping", topic=name)
-                self.compacted.add(topic_id)
+        for topic_id, (name, reason) in led.refused.items():
+            if topic_id not in self.refused:  # once, not every tick
+                log.error("topic is never tiered; skipping it (nothing copied or trimmed)", topic=name,
+                          topic_id=topic_id, reason=reason)  # fmt: skip
+                self.refused.add(topic_id)
         self._let_go({p.key for p in led.partitions})
         offsets = self.ctx.cluster.local_offsets([(p.topic.name, p.partition) for p in led.partitions])
         futures = []
