@@ -11,14 +11,27 @@ configured with ``auto.offset.reset=error``, reports it and the partition goes b
 same position. Broker records below a partition's position are dropped, so a hand-over can never
 deliver one twice.
 
+Group membership: eager strategies (``range``, ``roundrobin``) replace the whole assignment at each
+rebalance, ``cooperative-sticky`` (and ``group.protocol=consumer``) add and revoke partitions
+incrementally; ``on_assign``/``on_revoke``/``on_lost`` get this consumer, and may call ``assign`` /
+``incremental_assign`` / ``unassign`` / ``incremental_unassign`` themselves. librdkafka keeps a
+partition's pause across unassign and assign (only its own rebalance pause is cleared), so every
+assignment sets the inner consumer's pause of each partition explicitly: paused while remote or paused by
+the user, resumed otherwise (a partition paused while remote and assigned again on the broker stayed
+silent). A paused partition is not paused any more once revoked and assigned again, as in Kafka's Java
+client. Where librdkafka refuses a seek (no fetcher: after an offset reset error, or not started yet),
+the partition is assigned to the inner consumer again at that offset (incrementally, or under an eager
+protocol the whole assignment, the other partitions at their positions).
+
 Semantics kept from Kafka: positions and commits are "next offset to read"; ``auto.offset.reset``
 earliest means the remote start (Rx), latest the broker's end, anything else an error event
 (``_AUTO_OFFSET_RESET``, as librdkafka reports OffsetOutOfRange); ``isolation.level`` (librdkafka's
 default read_committed) drops aborted transactions and never delivers control batches, as the
 broker does; auto commit (``enable.auto.commit``, ``auto.commit.interval.ms``) commits delivered
-positions, also synchronously before partitions are revoked. Remote read errors are delivered as
-error events naming the object key (``_BAD_MSG`` corrupt, ``KAFKA_STORAGE_ERROR`` missing,
-``_TRANSPORT`` store unreachable) and the partition retries after ``RETRY_SECONDS``.
+positions, also synchronously when revoked partitions are unassigned (not lost ones, as librdkafka).
+Remote read errors are delivered as error events naming the object key (``_BAD_MSG`` corrupt,
+``KAFKA_STORAGE_ERROR`` missing, ``_TRANSPORT`` store unreachable) and the partition retries after
+``RETRY_SECONDS``.
 """
 
 from __future__ import annotations
@@ -27,7 +40,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from reader.config import ReaderSettings, load_reader_settings
 from reader.errors import (
@@ -53,12 +74,13 @@ Callback = Callable[[Any, list[TopicPartition]], None]
 
 
 class _Partition:
-    __slots__ = ("next", "paused", "pending", "position", "retry_at", "stream", "topic", "tp")
+    __slots__ = ("next", "paused", "pending", "position", "retry_at", "start", "stream", "topic", "tp")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.tp = (topic, partition)
         self.position: int | None = None  # next offset to deliver; None: wherever the broker starts
+        self.start = OFFSET_INVALID  # the offset it was assigned at (may be logical: OFFSET_END...)
         self.stream: PartitionStream | None = None  # set while reading remote data
         self.pending: list[TieredMessage] = []  # decoded, not delivered yet: pending[next:]
         self.next = 0
@@ -91,8 +113,10 @@ class TieredConsumer:
         self._auto_commit_s = int(config.pop("auto.commit.interval.ms", 5000)) / 1000
         self._auto_store = str(config.pop("enable.auto.offset.store", True)).lower() in _TRUE
         self._read_committed = str(config.get("isolation.level", "read_committed")) == "read_committed"
-        if "cooperative" in str(config.get("partition.assignment.strategy", "")):
-            raise ValueError("TieredConsumer supports the eager assignment strategies (range, roundrobin) only")
+        # librdkafka refuses assign() under these and incremental_assign() under eager strategies
+        self._incremental = "cooperative" in str(config.get("partition.assignment.strategy", "")) or (
+            str(config.get("group.protocol", "classic")).lower() == "consumer"
+        )
         inner = {**config, "auto.offset.reset": "error", "enable.auto.commit": False, "enable.auto.offset.store": False}
         self._inner = Consumer(inner)
         if reader is None:
@@ -109,8 +133,10 @@ class TieredConsumer:
         self._stored: dict[tuple[str, int], int] = {}
         self._next_commit = time.monotonic() + self._auto_commit_s
         self._rotation = 0
+        self._subscribed = False
         self._in_rebalance = False
         self._assigned_in_callback = False
+        self._commit_on_unassign = False
         self._closed = False
 
     # -- assignment -----------------------------------------------------------------------------
@@ -122,72 +148,114 @@ class TieredConsumer:
         self._catalog.watch(topics)
 
         def assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            self._in_rebalance, self._assigned_in_callback = True, False
-            try:
-                if on_assign is not None:
-                    on_assign(self, partitions)
-                if not self._assigned_in_callback:
-                    self.assign(partitions)
-            finally:
-                self._in_rebalance = False
+            self._rebalance(on_assign, partitions, self.incremental_assign if self._incremental else self.assign)
 
         def revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            if on_revoke is not None:
-                on_revoke(self, partitions)
-            if self._auto_commit:
-                self._commit_positions(asynchronous=False)
-            self._forget(partitions)
-            self._inner.unassign()
+            self._rebalance(on_revoke, partitions, self._unassign_revoked, commit=self._auto_commit)
 
         def lost(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            callback = on_lost or on_revoke
-            if callback is not None:
-                callback(self, partitions)
-            self._forget(partitions)
-            self._inner.unassign()
+            self._rebalance(on_lost or on_revoke, partitions, self._unassign_revoked)
 
         self._inner.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=lost)
+        self._subscribed = True
+
+    def _rebalance(self, callback: Callback | None, partitions: list[TopicPartition],
+                   default: Callable[[list[TopicPartition]], None], commit: bool = False) -> None:  # fmt: skip
+        """Run the user's rebalance callback; ``default`` changes the assignment unless the callback did. With
+        ``commit``, positions are committed when the revoked partitions are unassigned (also by the callback)."""
+        self._in_rebalance, self._assigned_in_callback, self._commit_on_unassign = True, False, commit
+        try:
+            if callback is not None:
+                callback(self, partitions)
+            if not self._assigned_in_callback:
+                default(partitions)
+        finally:
+            self._in_rebalance = self._commit_on_unassign = False
+
+    def _unassign_revoked(self, partitions: list[TopicPartition]) -> None:
+        if self._incremental:
+            self.incremental_unassign(partitions)
+        else:
+            self.unassign()
 
     def unsubscribe(self) -> None:
         self._inner.unsubscribe()
+        self._subscribed = False
         self._forget(list(self._parts_as_tps()))
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Read exactly these partitions from their offsets (OFFSET_INVALID/STORED: the committed offset,
         else ``auto.offset.reset``). Replaces the current assignment."""
+        self._assignment_changed()
+        keys = {(tp.topic, tp.partition) for tp in partitions}
+        self._drop([tp for tp in self._parts_as_tps() if (tp.topic, tp.partition) not in keys])
+        self._inner.assign(self._set_up(partitions))
+        self._match_pauses(list(self._parts))
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """Add these partitions, read from their offsets as ``assign`` does."""
+        self._assignment_changed()
+        self._inner.incremental_assign(self._set_up(partitions))
+        self._match_pauses([(tp.topic, tp.partition) for tp in partitions])
+
+    def unassign(self) -> None:
+        self._assignment_changed()
+        self._drop(list(self._parts_as_tps()))
+        self._inner.unassign()
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self._assignment_changed()
+        self._drop(partitions)
+        self._inner.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in partitions])
+
+    def _assignment_changed(self) -> None:
         if self._in_rebalance:
             self._assigned_in_callback = True
+
+    def _set_up(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Start reading ``partitions`` (from remote below the broker's log start); what the inner consumer
+        is assigned: each partition at its start, a remote one at the log start (kept paused until the
+        hand-over seeks it)."""
         self._catalog.watch({tp.topic for tp in partitions})
-        self._forget([tp for tp in self._parts_as_tps() if (tp.topic, tp.partition) not in
-                      {(p.topic, p.partition) for p in partitions}])  # fmt: skip
         starts = self._start_positions(partitions)
         log_starts = self._catalog.cluster.log_start_offsets(list(starts))
-        inner_tps, remote = [], []
+        inner_tps = []
         for key, start in starts.items():
             part = self._parts.get(key) or _Partition(*key)
             self._parts[key] = part
             self._close_stream(part)
             part.position = start if start >= 0 else None
+            part.start = start
             if start >= 0 and start < log_starts[key]:
                 self._go_remote(part, start)
-                remote.append(TopicPartition(*key))
                 inner_tps.append(TopicPartition(*key, log_starts[key]))
             else:
                 inner_tps.append(TopicPartition(*key, start))
-        self._inner.assign(inner_tps)
-        paused = remote + [TopicPartition(*k) for k, p in self._parts.items() if p.paused]
+        return inner_tps
+
+    def _match_pauses(self, keys: list[tuple[str, int]]) -> None:
+        """Pause these partitions in the inner consumer when read from remote or paused by the user, resume
+        the others: librdkafka keeps a pause across unassign and assign, whatever the partition is now."""
+        paused, fetching = [], []
+        for key in keys:
+            part = self._parts[key]
+            (paused if part.stream is not None or part.paused else fetching).append(TopicPartition(*key))
         if paused:
             self._inner.pause(paused)
-
-    def unassign(self) -> None:
-        self._forget(list(self._parts_as_tps()))
-        self._inner.unassign()
+        if fetching:
+            self._inner.resume(fetching)
 
     def assignment(self) -> list[TopicPartition]:
         return self._inner.assignment()
 
     def _parts_as_tps(self) -> list[TopicPartition]:
         return [TopicPartition(*k) for k in self._parts]
+
+    def _drop(self, partitions: list[TopicPartition]) -> None:
+        """Stop reading ``partitions``; in a revoke with auto commit, commit their positions first."""
+        if self._commit_on_unassign:
+            self._commit_positions(asynchronous=False, only={(tp.topic, tp.partition) for tp in partitions})
+        self._forget(partitions)
 
     def _forget(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -254,16 +322,31 @@ class TieredConsumer:
         paused, sleeps up to a second before it sees the resume (measured: a one second stall at every
         hand-over). What it fetches between the two is discarded by the seek's version barrier.
         """
-        bare = TopicPartition(tp.topic, tp.partition)
         if resume:
-            self._inner.resume([bare])
+            self._inner.resume([TopicPartition(tp.topic, tp.partition)])
         try:
             self._inner.seek(tp)
-        except KafkaException:
-            self._inner.incremental_unassign([bare])
+        except KafkaException as exc:
+            log.info("seek refused; assigning the partition again", topic=tp.topic, partition=tp.partition,
+                     offset=tp.offset, error=str(exc))  # fmt: skip
+            self._reassign(tp)
+
+    def _reassign(self, tp: TopicPartition) -> None:
+        """Assign ``tp`` to the inner consumer again at its offset: librdkafka refuses a seek where the
+        partition has no fetcher (stopped by an offset reset error, or not started yet). An eager group
+        protocol takes only whole assignments: then every partition is assigned again, the others where
+        they are (broker ones at their positions, remote ones paused)."""
+        key = (tp.topic, tp.partition)
+        if self._incremental or not self._subscribed:
+            self._inner.incremental_unassign([TopicPartition(*key)])
             self._inner.incremental_assign([tp])
-            if not resume:
-                self._inner.pause([bare])
+            self._match_pauses([key])
+            return
+        self._sync_broker_positions()
+        whole = [tp if k == key else TopicPartition(*k, p.start if p.position is None else p.position)
+                 for k, p in self._parts.items()]  # fmt: skip
+        self._inner.assign(whole)
+        self._match_pauses(list(self._parts))
 
     # -- consuming ------------------------------------------------------------------------------
     def poll(self, timeout: float | None = None) -> TieredMessage | Any | None:
@@ -370,8 +453,7 @@ class TieredConsumer:
                 out.append(m)
                 continue
             if part is None:
-                out.append(m)
-                continue
+                continue  # fetched before its partition was revoked: its next owner reads it (not committed here)
             if part.stream is not None or (part.position is not None and m.offset() < part.position):
                 continue  # fetched before a pause or seek took effect: remote data or a duplicate
             part.position = m.offset() + 1
@@ -463,13 +545,17 @@ class TieredConsumer:
             raise KafkaException(KafkaError(KafkaError._NO_OFFSET, "no offset to commit"))
         return self._inner.commit(offsets=offsets, asynchronous=asynchronous)
 
-    def _commit_positions(self, asynchronous: bool) -> None:
-        self._next_commit = time.monotonic() + self._auto_commit_s
+    def _commit_positions(self, asynchronous: bool, only: set[tuple[str, int]] | None = None) -> None:
+        """Auto commit: the positions (or stored offsets) of every partition, or of ``only`` these."""
+        if only is None:
+            self._next_commit = time.monotonic() + self._auto_commit_s
         if self._auto_store:
             self._sync_broker_positions()
             offsets = [TopicPartition(*k, p.position) for k, p in self._parts.items() if p.position is not None]
         else:
             offsets = [TopicPartition(*k, o) for k, o in self._stored.items()]
+        if only is not None:
+            offsets = [tp for tp in offsets if (tp.topic, tp.partition) in only]
         if offsets:
             try:
                 self._inner.commit(offsets=offsets, asynchronous=asynchronous)

@@ -81,12 +81,15 @@ def running_sidecar(config: Path) -> Iterator[tuple[SidecarContext, Sidecar]]:
 
 @contextmanager
 def tiered_topic(stack: Endpoints, tmp_path: Path, records: int = 20_000, partitions: int = 1,
-                 local_retention: int = LOCAL_RETENTION, **config: object) -> Iterator[TieredTopic]:  # fmt: skip
+                 local_retention: int = LOCAL_RETENTION, segment_bytes: int = SEGMENT,
+                 **config: object) -> Iterator[TieredTopic]:  # fmt: skip
     """Produce ``records`` mixed records per partition (every codec, headers, nulls, a committed and an
-    aborted transaction), tier them with a real sidecar and wait until the broker's log start is past 0
-    everywhere. The sidecar keeps running while the block runs. ``produced`` is partition 0's."""
-    topic = create_topic(stack.bootstrap, partitions, internal_segment_bytes=SEGMENT)
-    by_partition = {p: produce_mixed(stack.bootstrap, topic, records, seed=p * records, partition=p)
+    aborted transaction) into segments of ``segment_bytes``, tier them with a real sidecar and wait until
+    the broker's log start is past 0 everywhere. The sidecar keeps running while the block runs.
+    ``produced`` is partition 0's."""
+    topic = create_topic(stack.bootstrap, partitions, internal_segment_bytes=segment_bytes)
+    batch = min(65536, segment_bytes // 2)  # a batch must fit in a segment
+    by_partition = {p: produce_mixed(stack.bootstrap, topic, records, seed=p * records, partition=p, batch_bytes=batch)
                     for p in range(partitions)}  # fmt: skip
     produced = by_partition[0]
     path = write_config(stack, tmp_path, **config)

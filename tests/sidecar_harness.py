@@ -78,9 +78,11 @@ def settings(path: Path) -> SidecarSettings:
     return load_settings(path)
 
 
-def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0, partition: int = 0) -> Produced:
+def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0, partition: int = 0,
+                  batch_bytes: int = 65536) -> Produced:  # fmt: skip
     """Produce ``count`` records to ``partition`` with every codec, keys, null values and headers, plus one
-    committed and one aborted transaction; returns each acknowledged record by offset (aborted ones included)."""
+    committed and one aborted transaction, in batches of up to ``batch_bytes``; returns each acknowledged
+    record by offset (aborted ones included)."""
     produced: Produced = {}
 
     def reporter(record: tuple) -> Callable[[KafkaError | None, Message], None]:
@@ -94,7 +96,7 @@ def produce_mixed(bootstrap: str, topic: str, count: int, seed: int = 0, partiti
     per_codec = count // len(codecs)
     for c, codec in enumerate(codecs):
         producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5,
-                             "batch.size": 65536, "enable.idempotence": True})  # fmt: skip
+                             "batch.size": batch_bytes, "enable.idempotence": True})  # fmt: skip
         for i in range(per_codec):
             n = seed + c * per_codec + i
             key = None if n % 17 == 0 else f"key-{n % 1000}".encode()
