@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian machine (run as root), idempotently:
-# etcd from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
+# etcd (and kcat, a reader the tests check the access layer with) from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
 # built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}); for the
 # containers backend, podman, runc and debootstrap from Debian (the images are built by
 # `tiering dev images`, which .ci/run calls, or on a stack's first start).
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pair in etcd:etcd-server podman:podman runc:runc debootstrap:debootstrap; do
+for pair in etcd:etcd-server podman:podman runc:runc debootstrap:debootstrap kcat:kcat; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -50,6 +51,7 @@ class MetadataCatalog:
         self._infos: dict[str, TopicInfo] = {}
         self._lock = threading.Lock()
         self.absent = False  # the cluster has no WAL topic: no sidecar ever ran
+        self._checked = 0.0
         snapshots = settings.state_dir / "snapshots" if settings.state_dir else Path(tempfile.gettempdir()) / "-none-"
         self.manager = MetadataManager(
             self.wal, snapshots, remote=StoreSnapshots(store, self.prefix),
@@ -59,17 +61,37 @@ class MetadataCatalog:
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> MetadataCatalog:
         """Recover and start following. Where no sidecar ever ran (no WAL topic), nothing is remote: the
-        catalog stays empty (and a TieredConsumer is a plain consumer)."""
+        catalog stays empty (and a TieredConsumer is a plain consumer) until ``recheck`` finds the topic."""
         try:
             self.wal.ensure_topic(create=False)
         except WalError as exc:
             log.info("no tiering metadata in this cluster: nothing is read from remote storage", reason=str(exc))
             self.absent = True
+            self._checked = time.monotonic()
             return self
+        self.absent = False
         if not self._all:
             self.manager.wal_partitions = self._wal_partitions(self._watched)
         self.manager.start()
         return self
+
+    def recheck(self, interval: float = 10.0) -> bool:
+        """For a long-running reader (the proxy, the HTTP service) started before any sidecar: look for the
+        WAL topic again, at most every ``interval`` seconds, and start following it once it exists.
+        Returns whether the catalog follows the metadata now."""
+        if not self.absent:
+            return True
+        with self._lock:
+            if time.monotonic() - self._checked < interval:
+                return False
+            self._checked = time.monotonic()
+        try:
+            self.wal.ensure_topic(create=False)
+        except WalError:
+            return False
+        log.info("tiering metadata found: following it", topic=self.settings.metadata_topic)
+        self.start()
+        return not self.absent
 
     def close(self) -> None:
         if self.absent:

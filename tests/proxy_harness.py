@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,14 +12,9 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
+from deploy.procs import free_port
 from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_proxy
 from tests.sidecar_harness import Produced
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -69,3 +63,50 @@ def check_exact(offsets_and_records: list[tuple[int, tuple]], want: Produced) ->
     assert not missing and not extra, f"missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})"
     for offset, record in offsets_and_records:
         assert record == want[offset], f"offset {offset} differs"
+
+
+def console_consume(bootstrap: str, topic: str, count: int, isolation: str = "read_uncommitted",
+                    timeout_ms: int = 120_000) -> list[tuple[int, int, bytes | None, bytes | None]]:  # fmt: skip
+    """Kafka's own Java console consumer (``--from-beginning``): (partition, offset, key, value) per line."""
+    from deploy.kafka import run_kafka_tool
+
+    result = run_kafka_tool(
+        "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap, "--topic", topic,
+        "--from-beginning", "--max-messages", str(count), "--timeout-ms", str(timeout_ms),
+        "--isolation-level", isolation, "--property", "print.partition=true", "--property", "print.offset=true",
+        "--property", "print.key=true", "--property", "key.separator=\t", timeout=timeout_ms / 1000 + 120,
+    )  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith("Partition:")]
+    assert len(lines) == count, f"console consumer printed {len(lines)} of {count} records: {result.stderr[-2000:]}"
+    out = []
+    for line in lines:
+        partition, offset, key, value = line.split("\t", 3)
+        out.append((int(partition.split(":")[1]), int(offset.split(":")[1]), _text(key), _text(value)))
+    return out
+
+
+def _text(field: str) -> bytes | None:
+    return None if field == "null" else field.encode()
+
+
+def kcat_consume(bootstrap: str, topic: str, partition: int, count: int) -> list[tuple[int, bytes, bytes]]:
+    """kcat (librdkafka's C tool) from the beginning of one partition to its end: (offset, key, value) each.
+    Records are framed by kcat's own format string with lengths, so any bytes come back exact."""
+    import subprocess
+
+    result = subprocess.run(
+        ["kcat", "-C", "-b", bootstrap, "-t", topic, "-p", str(partition), "-o", "beginning", "-e", "-c", str(count),
+         "-f", "%o %K %S:%k%s"],
+        capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    out, data = [], result.stdout
+    pos = 0
+    while pos < len(data):
+        head, rest = data[pos:].split(b":", 1)
+        offset, key_len, value_len = (int(x) for x in head.split())
+        key = rest[: max(key_len, 0)]
+        value = rest[max(key_len, 0) : max(key_len, 0) + max(value_len, 0)]
+        out.append((offset, key if key_len >= 0 else None, value if value_len >= 0 else None))
+        pos += len(head) + 1 + max(key_len, 0) + max(value_len, 0)
+    return out

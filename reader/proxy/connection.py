@@ -48,7 +48,7 @@ log = get_logger(__name__)
 LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
 _SIZE = struct.Struct(">i")
 UPSTREAM_MAX_FRAME = (1 << 31) - 1
-Finish = Callable[[bytes | None], Awaitable[bytes | None]]
+Finish = Callable[[bytes | None], Awaitable[bytes | memoryview | None]]
 
 
 class ConnectionClosed(Exception):
@@ -125,7 +125,7 @@ class ClientConnection:
             log.warning("client connection closed", client=self.peer, reason=str(exc))
         except Exception:
             self.server.metrics.closed_bad.labels("bug").inc()
-            log.exception("client connection closed by an unexpected error", client=self.peer)
+            log.error("client connection closed by an unexpected error", client=self.peer, exc_info=True)
         finally:
             for task in tasks:
                 task.cancel()
@@ -175,8 +175,8 @@ class ClientConnection:
         head = read_request_head(frame)
         request = parse(request_type(FETCH, version), frame, head.body)
         server = self.server
-        plan = FetchPlan.make(version, request, server.view)
         loop = asyncio.get_running_loop()
+        plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view)
         remote = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view) if plan.remote else None
         if plan.upstream is not None:
             sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
@@ -232,8 +232,6 @@ class ClientConnection:
         async def finish(answer: bytes | None) -> bytes | None:
             assert answer is not None
             body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
-            if self.server.view.catalog.absent:
-                return None
             loop = asyncio.get_running_loop()
             new = await loop.run_in_executor(self.server.remote_pool, complete, request, body, self.server.view)
             return None if new == body else response_frame(correlation_id, api_key, version, new)

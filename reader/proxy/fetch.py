@@ -132,7 +132,7 @@ class FetchPlan:
             data_type, partition_index=i32(partition), error_code=ErrorCode.none,
             high_watermark=i64(offsets.high_watermark), last_stable_offset=i64(offsets.last_stable),
             log_start_offset=i64(found[0] if found else offsets.log_start), aborted_transactions=aborted,
-            preferred_read_replica=i32(-1), records=bytes(served.data),
+            preferred_read_replica=i32(-1), records=served.data,
         )  # fmt: skip
 
     # -- the answer ------------------------------------------------------------------------------
@@ -171,6 +171,8 @@ class FetchPlan:
 
     def _out_of_range(self, view: TieredView, topic: str, partition: int, offset: int) -> Any | None:
         found = view.remote_range(topic, partition)
+        if found is None or not found[0] <= offset <= found[1]:
+            found = view.remote_range(topic, partition, current=True)  # the copy may be newer than the catalog
         if found is None or not found[0] <= offset <= found[1]:
             return None
         try:

@@ -164,27 +164,35 @@ def request_frame(head: RequestHead, frame: bytes | memoryview, body: Any) -> by
     return bytes(frame[: head.body]) + encode(body)
 
 
-def response_frame(correlation_id: int, api_key: int, version: int, body: Any) -> bytes:
-    """A whole response frame (size prefix included) with ``body``."""
-    header = _INT32.pack(correlation_id) + (b"\x00" if response_flexible_header(api_key, version) else b"")
-    payload = header + encode(body)
-    return _INT32.pack(len(payload)) + payload
-
-
-def with_size(payload: bytes) -> bytes:
-    return _INT32.pack(len(payload)) + payload
+def response_frame(correlation_id: int, api_key: int, version: int, body: Any) -> memoryview:
+    """A whole response frame (size prefix included) with ``body``, written into one buffer: the record
+    batches in it are copied once (a Fetch answer's bytes are most of what the proxy moves)."""
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    buf.write(_INT32.pack(correlation_id))
+    if response_flexible_header(api_key, version):
+        buf.write(b"\x00")
+    entity_writer(type(body))(buf, body)
+    view = buf.getbuffer()
+    _INT32.pack_into(view, 0, len(view) - 4)
+    return view
 
 
 def build(entity_type: type, **values: Any) -> Any:
     """An entity from ``values``, dropping those its version does not have (fields vary by version)."""
-    names = {f.name for f in dataclasses.fields(entity_type)}
+    names = _field_names(entity_type)
     return entity_type(**{k: v for k, v in values.items() if k in names})
 
 
+@cache
+def _field_names(entity_type: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(entity_type))
+
+
 def nested(entity_type: type, field: str) -> type:
-    """The entity type of a tuple field (``FetchResponse.responses`` -> ``FetchableTopicResponse``)."""
-    hint = entity_type.__dataclass_fields__[field].type
-    inner = hint.__args__[0] if hasattr(hint, "__args__") else hint
-    if isinstance(inner, str):
-        inner = getattr(schema_module(entity_type), inner.split("[")[-1].split(",")[0].strip())
-    return inner
+    """The entity type of a tuple field (``FetchResponse.responses`` -> ``FetchableTopicResponse``), through
+    ``X | None`` and ``tuple[X, ...]``."""
+    hint: Any = entity_type.__dataclass_fields__[field].type
+    while hasattr(hint, "__args__"):
+        hint = next(a for a in hint.__args__ if a is not type(None) and a is not Ellipsis)
+    return hint

@@ -24,6 +24,7 @@ import time
 import uuid
 from typing import NamedTuple
 
+from metadata import WalError
 from reader.batches import complete_prefix
 from reader.catalog import MetadataCatalog
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
@@ -103,10 +104,17 @@ class TieredView:
         return found
 
     # -- remote ---------------------------------------------------------------------------------
-    def remote_range(self, topic: str, partition: int) -> tuple[int, int] | None:
-        """(Rx, Ry) when the partition has readable remote data, else None."""
-        if self.catalog.absent:
+    def remote_range(self, topic: str, partition: int, *, current: bool = False) -> tuple[int, int] | None:
+        """(Rx, Ry) when the partition has readable remote data, else None. ``current``: first wait until the
+        metadata WAL's records written so far are applied (before concluding that an offset has no copy:
+        the sidecar records a copy before the broker deletes the data, but the catalog follows it with a lag)."""
+        if not self.catalog.recheck():
             return None
+        if current:
+            try:
+                self.catalog.catch_up()
+            except WalError as exc:
+                log.warning("the tiering metadata could not catch up", error=str(exc))
         try:
             rx, ry = self.catalog.remote_offsets(topic, partition)
         except (UnknownTopic, KafkaClusterError):
@@ -133,6 +141,11 @@ class TieredView:
         found = self.remote_range(topic, partition)
         if found is None or offset <= found[1]:
             return None
+        found = self.remote_range(topic, partition, current=True)  # a copy recorded since?
+        if found is None or offset <= found[1]:
+            return None
+        log.warning("offsets deleted by the broker before they were copied are skipped", topic=topic,
+                    partition=partition, offset=offset, remote_end=found[1], log_start=log_start)  # fmt: skip
         return log_start
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:

@@ -27,9 +27,14 @@ def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
     assert "remote (S3)" in read_back and "broker" in read_back
     assert "records read back identical to what was produced, in order, no gap or duplicate" in read_back
     assert "the remote part ends at" in read_back and "the broker's begins at" in read_back
-    exported = " ".join(result.output.split("8. export the tiered segments to Parquet")[1].split())
+    exported, proxied = result.output.split("8. export the tiered segments to Parquet")[1].split("9. any Kafka client")
+    exported = " ".join(exported.split())
     assert re.search(r"exported [\d,]+ records \(partition 0: offsets 0-\d+\)", exported)
     assert "first rows of the Parquet output" in exported and "source=demo" in exported
+    proxied = " ".join(proxied.split())
+    assert "records from offset 0, identical to what was produced" in proxied
+    fetches = re.search(r"the proxy answered (\d+) partition fetches from S3", proxied)
+    assert fetches and int(fetches.group(1)) > 0, proxied
 
 
 def test_bench_decode_prints_a_json_summary_last(stack: Endpoints) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from deploy.stack import Endpoints
-from tests.proxy_harness import check_exact, proxy_bootstrap, proxy_for, read_all
+from tests.proxy_harness import check_exact, console_consume, kcat_consume, proxy_bootstrap, proxy_for, read_all
 from tests.reader_harness import TieredTopic, expected, tiered_topic
 
 pytestmark = pytest.mark.integration
@@ -37,3 +37,25 @@ def test_confluent_consumer_reads_everything_from_zero(stack: Endpoints, tiered:
     for p, messages in got.items():
         check_exact([(m.offset(), as_record(m)) for m in messages], expected(tiered.by_partition[p], committed))
     assert remote > 0, "nothing was answered from remote storage"
+
+
+@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
+def test_java_console_consumer_from_beginning(stack: Endpoints, tiered: TieredTopic, isolation: str) -> None:
+    """Kafka's own console consumer (Java client, fetch sessions, position validation) through the proxy
+    reads every record from offset 0 once, keys and values as produced."""
+    committed = isolation == "read_committed"
+    want = {p: expected(tiered.by_partition[p], committed) for p in tiered.by_partition}
+    with proxy_for(tiered.config, stack.bootstrap) as proxy:
+        lines = console_consume(proxy_bootstrap(proxy), tiered.topic, sum(len(w) for w in want.values()), isolation)
+    for p, records in want.items():
+        got = [(offset, (key, value)) for partition, offset, key, value in lines if partition == p]
+        check_exact(got, {o: (r[0], r[1]) for o, r in records.items()})
+
+
+def test_kcat_reads_a_partition_from_the_beginning(stack: Endpoints, tiered: TieredTopic) -> None:
+    """kcat (librdkafka's own C consumer) through the proxy: every record of partition 0 once, keys and
+    values byte for byte (kcat's default isolation is read_committed)."""
+    want = expected(tiered.by_partition[0], read_committed=True)
+    with proxy_for(tiered.config, stack.bootstrap) as proxy:
+        got = kcat_consume(proxy_bootstrap(proxy), tiered.topic, 0, len(want))
+    check_exact([(o, (k, v)) for o, k, v in got], {o: (r[0], r[1]) for o, r in want.items()})

@@ -9,6 +9,7 @@ from tiering.bench.decode import decode
 from tiering.bench.export import export
 from tiering.bench.fetch_service import http_bench
 from tiering.bench.metadata import metadata
+from tiering.bench.proxy import proxy_bench
 from tiering.bench.upload import upload
 
 
@@ -26,4 +27,5 @@ bench.add_command(decode)
 bench.add_command(export)
 bench.add_command(http_bench)
 bench.add_command(metadata)
+bench.add_command(proxy_bench)
 bench.add_command(upload)

@@ -105,7 +105,8 @@ def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
     from the broker's files, enables tiering with local.retention.bytes=2 MiB, runs the sidecar until
     the uploaded segments are gone from the broker's disk, prints the topic's tiering status, reads
     the topic back from offset 0 through the TieredConsumer (the remote part first, then the broker's),
-    and ends by exporting the tiered segments to Parquet with Spark and printing a few rows.
+    exports the tiered segments to Parquet with Spark and prints a few rows, and ends by reading the
+    topic from offset 0 with Kafka's own console consumer through the access layer (`tiering proxy`).
     """
     console.rule("1. the local stack")
     try:
@@ -144,6 +145,8 @@ def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
     read_back(config, topic, records)
     console.rule("8. export the tiered segments to Parquet with Spark (from S3 only, no broker)")
     export_to_parquet(config, topic, stack_dir / "export" / topic)
+    console.rule("9. any Kafka client reads it from offset 0: Kafka's own console consumer through the proxy")
+    read_through_proxy(config, endpoints, topic, records)
 
 
 def read_back(config: Path, topic: str, records: int) -> None:
@@ -176,6 +179,39 @@ def read_back(config: Path, topic: str, records: int) -> None:
     console.print(f"all {seen:,} records read back identical to what was produced, in order, no gap or duplicate; "
                   f"the remote part ends at {parts['remote (S3)'][-1] if parts['remote (S3)'] else '-'}, "
                   f"the broker's begins at {parts['broker'][0] if parts['broker'] else '-'}")  # fmt: skip
+
+
+def read_through_proxy(config: Path, endpoints: stack.Endpoints, topic: str, records: int) -> None:
+    """Start the access layer in front of the stack and read the topic with Kafka's Java console consumer
+    (``--from-beginning``): its only change is bootstrap.servers. Every value is checked."""
+    from deploy.kafka import run_kafka_tool
+    from deploy.procs import free_port
+    from reader.proxy import ProxyListen, load_proxy_settings, running_proxy
+
+    ports = {b.id: free_port() for b in endpoints.brokers}
+    settings = load_proxy_settings(config, proxy=ProxyListen(bootstrap_port=free_port(), broker_ports=ports,
+                                                             broker_port_base=None))  # fmt: skip
+    with running_proxy(settings) as proxy:
+        bootstrap = f"127.0.0.1:{proxy.bootstrap_port}"
+        console.print(f"tiering proxy serve: bootstrap {bootstrap}, brokers on {ports}")
+        console.print(f"$ kafka-console-consumer --bootstrap-server {bootstrap} --topic {topic} --from-beginning")
+        result = run_kafka_tool(
+            "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap, "--topic", topic,
+            "--from-beginning", "--max-messages", str(records), "--timeout-ms", "60000",
+            "--property", "print.offset=true", timeout=300,
+        )  # fmt: skip
+        remote = proxy.metrics.fetch_partitions.labels("remote")._value.get()
+        broker = proxy.metrics.fetch_partitions.labels("broker")._value.get()
+    lines = [line.split("\t", 1) for line in result.stdout.splitlines() if line.startswith("Offset:")]
+    wrong = [o for o, v in ((int(x[0][7:]), x[1].encode()) for x in lines) if v != _value(o)]
+    if len(lines) != records or wrong:
+        raise click.ClickException(f"the console consumer read {len(lines):,} of {records:,} records through the "
+                                   f"proxy ({len(wrong)} differ): {result.stderr[-1500:]}")  # fmt: skip
+    for offset, value in lines[:3]:
+        console.print(f"{offset}\t{value[:60]}...")
+    console.print(f"the console consumer read all {records:,} records from offset 0, identical to what was "
+                  f"produced; the proxy answered {remote:.0f} partition fetches from S3 and {broker:.0f} from "
+                  "the broker")  # fmt: skip
 
 
 def export_to_parquet(config: Path, topic: str, path: Path) -> None:

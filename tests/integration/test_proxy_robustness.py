@@ -1,0 +1,132 @@
+"""The proxy stays up and bounded whatever clients send: garbage and oversized frames, a request cut half
+way, many idle connections, more connections than allowed."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from deploy.stack import Endpoints
+from reader.proxy import ProxyServer
+from tests.proxy_harness import proxy_bootstrap, proxy_for
+from tests.sidecar_harness import write_config
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def proxy(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyServer]:
+    config = write_config(stack, tmp_path_factory.mktemp("proxy-robust"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 8192)), hard))
+    with proxy_for(Path(config), stack.bootstrap, frame_timeout_seconds=2, max_connections=1_050,
+                   max_frame_bytes=1 << 20) as p:  # fmt: skip
+        yield p
+
+
+def still_serves(proxy: ProxyServer) -> None:
+    admin = AdminClient({"bootstrap.servers": proxy_bootstrap(proxy)})
+    assert admin.list_topics(timeout=30).brokers, "the proxy no longer answers Metadata"
+
+
+def closed_by_proxy(sock: socket.socket, within: float = 15) -> bool:
+    sock.settimeout(within)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except (TimeoutError, OSError) as exc:
+        return not isinstance(exc, TimeoutError)
+
+
+def connect(proxy: ProxyServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", proxy.bootstrap_port), 10)
+
+
+def closed_reason(proxy: ProxyServer, reason: str) -> float:
+    return proxy.metrics.closed_bad.labels(reason)._value.get()
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (struct.pack(">i", 200 << 20) + b"x" * 64, "oversized"),
+        (struct.pack(">i", -5), "oversized"),
+        (struct.pack(">i", 3) + b"abc", "error"),  # shorter than a request header
+    ],
+    ids=["oversized", "negative-size", "too-short"],
+)
+def test_bad_frames_close_only_their_connection(proxy: ProxyServer, payload: bytes, reason: str) -> None:
+    before = closed_reason(proxy, reason)
+    with connect(proxy) as sock:
+        sock.sendall(payload)
+        assert closed_by_proxy(sock), "the proxy kept a connection that sent a bad frame"
+    assert closed_reason(proxy, reason) == before + 1
+    still_serves(proxy)
+
+
+def test_garbage_request_does_not_hurt_others(proxy: ProxyServer) -> None:
+    """A frame of random bytes: that connection is closed (by the proxy or the broker it reached), others go on."""
+    with connect(proxy) as sock:
+        body = os.urandom(64)
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        assert closed_by_proxy(sock, 30)
+    still_serves(proxy)
+
+
+def test_half_a_frame_then_silence_is_closed(proxy: ProxyServer) -> None:
+    before = closed_reason(proxy, "stalled")
+    with connect(proxy) as sock:
+        sock.sendall(struct.pack(">i", 1000) + b"\x00\x03\x00\x0c")
+        started = time.monotonic()
+        assert closed_by_proxy(sock, 20)
+        assert time.monotonic() - started >= 1.5  # frame_timeout_seconds=2, not at once
+    assert closed_reason(proxy, "stalled") == before + 1
+    still_serves(proxy)
+
+
+def test_a_thousand_idle_connections_and_the_cap(proxy: ProxyServer) -> None:
+    """1,000 idle connections cost no broker connection and little memory; past max_connections new ones are
+    closed at once; clients still get answers."""
+    me = psutil.Process()
+    rss = me.memory_info().rss
+    brokers = {port for _, port in proxy.router.bootstrap} | {a[1] for n in proxy.router.known_nodes()
+                                                               if (a := proxy.router.broker_address(n))}  # fmt: skip
+
+    def to_brokers() -> int:
+        return len([c for c in me.net_connections("tcp") if c.raddr and c.raddr.port in brokers])
+
+    broker_conns = to_brokers()
+    socks = [connect(proxy) for _ in range(1_000)]
+    try:
+        deadline = time.monotonic() + 30
+        while proxy.connections < 1_000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proxy.connections >= 1_000
+        grown = (me.memory_info().rss - rss) / (1 << 20)
+        assert grown < 150, f"1,000 idle connections took {grown:.0f} MiB"
+        assert to_brokers() <= broker_conns + 5, "idle client connections opened broker connections"
+        refused_before = proxy.metrics.refused._value.get()
+        extra = [connect(proxy) for _ in range(100)]
+        try:
+            assert all(closed_by_proxy(s, 15) for s in extra[-40:])
+            assert proxy.metrics.refused._value.get() > refused_before
+        finally:
+            for s in extra:
+                s.close()
+    finally:
+        for s in socks:
+            s.close()
+    deadline = time.monotonic() + 30
+    while proxy.connections > 10 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    still_serves(proxy)

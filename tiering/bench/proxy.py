@@ -1,0 +1,184 @@
+"""``tiering bench proxy``: a plain confluent-kafka consumer through the proxy beside the same consumer
+straight on the broker.
+
+For each record size the same records (same codec) go to two topics: one tiered by the sidecar (most of
+its data then lives in S3 only) and a control topic without tiering. Four sides read a topic from
+offset 0 to its end, each in a child process with the same loop as ``tiering bench catchup`` (consume up
+to 1000, touch every value): (a) ``remote``: the tiered topic through the proxy (its remote part comes
+from S3, its tail from the broker); (b) ``broker``: the control topic straight from the broker's disk;
+(c) ``passthrough``: the control topic through the proxy; (d) the broker again, as (b). The sides are
+interleaved over ``--rounds`` rounds and each is reported by its median, because a broker read on this
+kind of machine varies by several times from one minute to the next. The proxy runs as its own process
+(``tiering proxy serve``) so that its CPU time and peak RSS are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+import psutil
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.bench_stack import bench_stack, stack_dir_option
+from deploy.procs import free_port
+from deploy.sidecar_config import write_sidecar_config
+from tiering.bench.catchup import _CHILD, _produce, _tier, segment_bytes
+from tiering.bench.upload import run_sampled
+
+SIDES = ("remote", "broker", "passthrough")
+
+
+class ProxyProcess:
+    """``tiering proxy serve`` in a child process; its CPU seconds and peak RSS sampled."""
+
+    def __init__(self, config: Path, node_ids: list[int]) -> None:
+        self.port = free_port()
+        settings = yaml.safe_load(config.read_text())
+        settings["proxy"] = {"bootstrap_port": self.port, "broker_port_base": None,
+                             "broker_ports": {n: free_port() for n in node_ids}}  # fmt: skip
+        self.config = config.with_name(f"proxy-{self.port}.yaml")
+        self.config.write_text(yaml.safe_dump(settings))
+        self.proc = subprocess.Popen([sys.executable, "-m", "tiering", "--log-level", "WARNING", "proxy", "serve",
+                                      "--config", str(self.config)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.watched = psutil.Process(self.proc.pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        self._wait_listening()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _wait_listening(self) -> None:
+        import socket
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise click.ClickException(
+                    f"the proxy exited: {self.proc.stderr.read()[-3000:] if self.proc.stderr else ''}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), 1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise click.ClickException("the proxy did not listen within 120 s")
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self.peak = max(self.peak, self.watched.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def cpu_seconds(self) -> float:
+        times = self.watched.cpu_times()
+        return times.user + times.system
+
+    def close(self) -> None:
+        self._stop.set()
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _read(bootstrap: str, topic: str, end: int, config: Path) -> dict:
+    spec = {"bootstrap": bootstrap, "topic": topic, "end": end, "config": str(config)}
+    out, err, code, _ = run_sampled([sys.executable, "-c", _CHILD, "broker", json.dumps(spec)])
+    if code != 0:
+        raise click.ClickException(f"a read of {topic} through {bootstrap} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    if result["records"] != end:
+        raise click.ClickException(f"a read of {topic} got {result['records']} records, {end} were produced")
+    return result
+
+
+@click.command("proxy")
+@click.option("--size-mb", type=click.IntRange(16, 16384), default=256, show_default=True,
+              help="Megabytes of records per record size.")  # fmt: skip
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Rounds of the interleaved sides; each side is reported by its median.")  # fmt: skip
+@click.option("--codec", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
+              show_default=True, help="Compression of both topics.")  # fmt: skip
+@stack_dir_option
+def proxy_bench(size_mb: int, rounds: int, codec: str, stack_dir: Path | None) -> None:
+    """A confluent-kafka consumer through the proxy (remote data; local data) beside the same consumer
+    straight from the broker's disk.
+
+    Records of ~100 B and ~1 KB. One JSON object per side, size and round, then a last line with
+    `ratio` (remote through the proxy / straight from the broker, MB/s medians, the lower of the two
+    record sizes), `passthrough_ratio` (local data through the proxy / straight, likewise), records/s and
+    MB/s of every side, the proxy's CPU seconds per GB it served from remote and its peak RSS.
+    Targets: ratio >= 0.8 (stretch 1.0), passthrough_ratio >= 0.9.
+    """
+    with bench_stack(stack_dir) as endpoints:
+        config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
+        admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+        proxy = ProxyProcess(config, [b.id for b in endpoints.brokers])
+        try:
+            summary = {size: _measure(endpoints.bootstrap, admin, config, proxy, size, size_mb, codec, rounds)
+                       for size in (100, 1024)}  # fmt: skip
+        finally:
+            proxy.close()
+        ratio = {s: r["remote"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
+        passthrough = {s: r["passthrough"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
+        click.echo(json.dumps({
+            "ratio": round(min(ratio.values()), 3),
+            "passthrough_ratio": round(min(passthrough.values()), 3),
+            "ratio_by_record_size": {str(k): round(v, 3) for k, v in ratio.items()},
+            "passthrough_ratio_by_record_size": {str(k): round(v, 3) for k, v in passthrough.items()},
+            **{f"{side}_mb_s": {str(k): r[side]["mb_s"] for k, r in summary.items()} for side in SIDES},
+            **{f"{side}_records_s": {str(k): r[side]["records_s"] for k, r in summary.items()} for side in SIDES},
+            "proxy_cpu_s_per_gb": {str(k): r["proxy_cpu_s_per_gb"] for k, r in summary.items()},
+            "proxy_peak_rss_mb": round(proxy.peak / (1 << 20), 1),
+            "size_mb": size_mb, "rounds": rounds, "codec": codec,
+        }))  # fmt: skip
+
+
+def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProcess, record_size: int,
+             size_mb: int, codec: str, rounds: int) -> dict:  # fmt: skip
+    stamp = f"{os.getpid()}-{int(time.time())}-{record_size}"
+    tiered, control = f"bench-proxy-tiered-{stamp}", f"bench-proxy-control-{stamp}"
+    segment = segment_bytes(size_mb)
+    for future in admin.create_topics([NewTopic(t, 1, 1, config={"segment.bytes": str(segment)})
+                                       for t in (tiered, control)]).values():  # fmt: skip
+        future.result(60)
+    count = _produce(bootstrap, [tiered, control], size_mb, record_size, codec)
+    _tier(config, tiered, count, segment)
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    cpu: list[float] = []
+    for n in range(rounds):
+        for side in SIDES:
+            topic, via = {"remote": (tiered, proxy.bootstrap), "broker": (control, bootstrap),
+                          "passthrough": (control, proxy.bootstrap)}[side]  # fmt: skip
+            before = proxy.cpu_seconds()
+            r = _read(via, topic, count, config)
+            if side == "remote":
+                cpu.append((proxy.cpu_seconds() - before) / (r["bytes"] / 1e9))
+            r.update(side=side, round=n, record_size=record_size, codec=codec,
+                     mb_s=round(r["bytes"] / 1e6 / r["seconds"], 1),
+                     records_s=round(r["records"] / r["seconds"]))  # fmt: skip
+            del r["first_record_ms"]
+            runs[side].append(r)
+            click.echo(json.dumps(r))
+    out: dict = {
+        side: {"mb_s": statistics.median(r["mb_s"] for r in rs),
+               "records_s": statistics.median(r["records_s"] for r in rs)}
+        for side, rs in runs.items()
+    }  # fmt: skip
+    out["proxy_cpu_s_per_gb"] = round(statistics.median(cpu), 2)
+    return out
