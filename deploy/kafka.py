@@ -48,8 +48,13 @@ def classpath() -> str:
 
 
 def new_cluster_id() -> str:
-    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters). Like Kafka's
+    ``Uuid.randomUuid`` it never starts with '-': kafka-storage's argument parser takes ``-t -x...`` for a
+    missing value (1 start in 64 failed with "argument --cluster-id/-t: expected one argument")."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass(frozen=True)
