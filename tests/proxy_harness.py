@@ -18,9 +18,11 @@ from tests.sidecar_harness import Produced
 
 
 @contextmanager
-def proxy_for(config: Path, bootstrap: str, **listen: Any) -> Iterator[ProxyServer]:
+def proxy_for(config: Path, bootstrap: str, admin_config: dict[str, str] | None = None,
+              **listen: Any) -> Iterator[ProxyServer]:  # fmt: skip
     """A proxy in front of the cluster of ``bootstrap``, reading the remote data of the sidecar config."""
-    nodes = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).brokers)
+    admin = AdminClient(admin_config or {"bootstrap.servers": bootstrap})
+    nodes = sorted(admin.list_topics(timeout=30).brokers)
     ports = {n: free_port() for n in nodes}
     settings = load_proxy_settings(config, proxy=ProxyListen(bootstrap_port=0, broker_ports=ports,
                                                              broker_port_base=None, **listen))  # fmt: skip
