@@ -36,6 +36,8 @@ log = get_logger(__name__)
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 APP_PREFIX = "kafka_tiered"
 EVERY_PARTITION = -1
+NOT_UTF8 = "value is not UTF-8 text"  # _corrupt: why a value gave no JSON fields (the raw bytes stay in value)
+NOT_JSON = "value is not a JSON object of the schema"
 
 
 @dataclass(frozen=True)
@@ -148,13 +150,20 @@ def utc_date(ts: Column) -> Column:
 
 
 def flatten_json(spark: SparkSession, df: DataFrame, schema_ddl: str | None) -> DataFrame:
-    """Add the JSON value's fields as columns; a value that is not JSON goes whole into ``_corrupt``.
+    """Add the JSON value's fields as columns, and ``_corrupt``: why a value gave no fields (NOT_UTF8,
+    NOT_JSON; null for a JSON object of the schema and for a null value).
 
     Without a schema, it is inferred from up to 1000 values that look like JSON objects.
 
-    The raw ``value`` stays, so nothing is lost. Fields named like a Kafka column get a ``value_`` prefix.
+    The raw ``value`` (binary) stays, so nothing is lost. Only valid UTF-8 reaches a string column: Spark's
+    cast of binary to string keeps any bytes, and Parquet readers other than Spark's (pyarrow, deltalake,
+    DuckDB) refuse a string column holding invalid UTF-8, so values that are not UTF-8 are not parsed, and
+    ``_corrupt`` holds a reason instead of the value (JSON's own strings decode to valid text). Fields named
+    like a Kafka column or ``_corrupt`` get a ``value_`` prefix.
     """
-    text = F.col("value").cast("string")
+    raw = F.col("value").cast("string")
+    utf8 = F.is_valid_utf8(raw)
+    text = F.when(utf8, raw)
     if schema_ddl is not None:
         schema = StructType.fromDDL(schema_ddl)
     else:
@@ -166,11 +175,19 @@ def flatten_json(spark: SparkSession, df: DataFrame, schema_ddl: str | None) -> 
             else StructType()
         )
     fields = [f for f in schema.fields if f.name != "_corrupt_record"]
-    parse_schema = StructType([*fields, StructField("_corrupt", StringType())])
-    parsed = F.from_json(text, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
-    taken = set(df.columns)
-    columns = [parsed[f.name].alias(f"value_{f.name}" if f.name in taken else f.name) for f in parse_schema.fields]
-    return df.select(*df.columns, *columns)
+    malformed = "_malformed"  # from_json's corrupt record column: whatever no field is named
+    while malformed in {f.name for f in fields}:
+        malformed = f"_{malformed}"
+    parse_schema = StructType([*fields, StructField(malformed, StringType())])
+    parsed = F.from_json(text, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": malformed})
+    corrupt = (
+        F.when(F.col("value").isNull(), F.lit(None))
+        .when(~utf8, F.lit(NOT_UTF8))
+        .when(parsed.isNull() | parsed[malformed].isNotNull(), F.lit(NOT_JSON))
+    )
+    taken = {*df.columns, "_corrupt"}
+    columns = [parsed[f.name].alias(f"value_{f.name}" if f.name in taken else f.name) for f in fields]
+    return df.select(*df.columns, *columns, corrupt.cast(StringType()).alias("_corrupt"))
 
 
 def _write_delta(spark: SparkSession, df: DataFrame, request: ExportRequest, topic_id: str,

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.dataset as pads
 import pytest
 import yaml
 from confluent_kafka import Producer, TopicPartition
@@ -24,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.stack import Endpoints
 from reader import TieredConsumer
+from tests.export_readers import exported_rows
 from tests.integration.test_sidecar_policies import SEGMENT, cli, running
 from tests.sasl_broker import PASSWORD, SaslBroker, sasl_broker
 from tests.sidecar_harness import wait_for, write_config
@@ -91,8 +91,7 @@ def test_sidecar_and_reader_work_through_a_sasl_listener(
         capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
-    table = pads.dataset(str(out), format="parquet", partitioning="hive").to_table(columns=["offset", "value"])
-    rows = sorted(zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True))
+    rows = [(r["offset"], r["value"]) for r in exported_rows(str(out), "parquet", ["offset", "value"])]
     assert rows == list(enumerate(produced)), "the export (remote part and broker tail) differs from what was produced"
     assert PASSWORD not in exported.stderr + exported.stdout
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pyarrow.dataset as pads
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer, TopicPartition
@@ -22,6 +21,7 @@ from deploy.stack import Endpoints
 from reader import TieredConsumer, load_reader_settings
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
+from tests.export_readers import exported_rows
 from tests.sidecar_harness import decoded_offsets, local_offsets, settings, snapshot_segments, wait_for, write_config
 from tiering.cli.main import main
 from tiering.sidecar.context import SidecarContext
@@ -270,7 +270,7 @@ def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_d
     assert done.returncode == 0, done.stderr[-3000:]
     first, last = json.loads(done.stdout.strip().splitlines()[-1])["ranges"]["0"]
     assert (first, last) == (user_start, max(c.end_offset for c in stays))
-    rows = pads.dataset(out, format="parquet", partitioning="hive").to_table(columns=["offset", "value"]).to_pylist()
+    rows = exported_rows(str(out), "parquet", ["offset", "value"])
     assert {r["offset"]: r["value"] for r in rows} == {o: v for o, v in produced.items() if first <= o <= last}
     for c in copies:
         ref = SegmentRef(topic, topic_id, 0, c.base_offset, uuid.UUID(bytes=c.segment_id))

@@ -1,5 +1,5 @@
 """Spark export on the real stack: tier a topic with the sidecar, export it from S3 to Parquet and Delta,
-read it back with Spark and with independent readers (pyarrow, deltalake), record by record."""
+read it back with Spark and with independent readers (deltalake, pyarrow.parquet, DuckDB), record by record."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.dataset as pads
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
@@ -24,10 +24,11 @@ from deploy.errors import StackError
 from deploy.spark_cluster import start_cluster
 from deploy.spark_jars import spark_jars
 from deploy.stack import Endpoints
-from reader.spark.export import ExportRequest, run_export
+from reader.spark.export import NOT_JSON, NOT_UTF8, ExportRequest, run_export
 from reader.spark.options import store_options
 from reader.spark.session import export_session
 from tests.conftest import create_topic
+from tests.export_readers import exported_rows
 from tests.sidecar_harness import Produced, produce_mixed, settings, wait_for, write_config
 from tiering.cli.main import main
 from tiering.config import SidecarSettings
@@ -63,11 +64,33 @@ def digest(offset: int, key: bytes | None, value: bytes | None, headers: list) -
     return h.hexdigest()
 
 
+def filler_value(n: int, i: int) -> bytes:
+    """Half JSON objects, half binary values that are not UTF-8 (some of them starting like a JSON object)."""
+    if i % 2 == 0:
+        names = {"offset": -n, "_corrupt": f"c{n}", "_malformed": f"m{n}"}  # like columns of the export's own
+        return json.dumps({"n": n, "name": f"item-{i % 50}", **names}).encode()
+    noise = hashlib.sha256(str(n).encode()).digest()
+    return b'{"n": "\xff' + noise if i % 4 == 1 else b"\x86" + noise
+
+
+def value_kind(value: bytes | None) -> str:
+    """none, binary (not UTF-8), json (an object) or text."""
+    if value is None:
+        return "none"
+    try:
+        doc = json.loads(value.decode())
+    except UnicodeDecodeError:
+        return "binary"
+    except ValueError:
+        return "text"
+    return "json" if isinstance(doc, dict) else "text"
+
+
 def produce_json_filler(bootstrap: str, topic: str, count: int, seed: int, produced: Produced) -> None:
-    """JSON values (the non-JSON ones come from produce_mixed); enough to roll the segments before them."""
+    """JSON and binary values (the text ones come from produce_mixed); enough to roll the segments before them."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 65536})
     for i in range(count):
-        record = (f"j-{seed + i}".encode(), json.dumps({"n": seed + i, "name": f"item-{i % 50}"}).encode(), [])
+        record = (f"j-{seed + i}".encode(), filler_value(seed + i, i), [])
 
         def report(err: object, msg: object, record: tuple = record) -> None:
             assert err is None, err
@@ -128,12 +151,8 @@ def spark_digests(spark: SparkSession, path: str, fmt: str) -> dict[int, str]:
 
 
 def independent_digests(path: str, fmt: str) -> dict[int, str]:
-    table = (
-        DeltaTable(path).to_pyarrow_table()
-        if fmt == "delta"
-        else pads.dataset(path, format="parquet", partitioning="hive").to_table()
-    )
-    rows = table.select(["offset", "key", "value", "headers"]).to_pylist()
+    """Digests of the exported records as deltalake, pyarrow.parquet and DuckDB read them (all alike)."""
+    rows = exported_rows(path, fmt, ["offset", "key", "value", "headers"])
     out = {r["offset"]: digest(r["offset"], r["key"], r["value"], [(h["key"], h["value"]) for h in r["headers"]])
            for r in rows}  # fmt: skip
     assert len(out) == len(rows), "an offset was exported twice"
@@ -197,35 +216,50 @@ def test_same_ranges_exported_twice_commit_once_in_delta(tiered: Tiered, spark: 
     assert independent_digests(str(path), "delta") == tiered.committed(2999)
 
 
-def test_json_values_become_columns_and_other_values_go_to_corrupt(
-    tiered: Tiered, spark: SparkSession, tmp_path: Path
+@pytest.mark.parametrize(
+    ("fmt", "schema"),
+    [
+        ("parquet", None),
+        ("delta", None),
+        ("parquet", "n BIGINT, name STRING, offset BIGINT, _corrupt STRING, _malformed STRING"),
+    ],
+)
+def test_json_values_become_columns_and_the_others_are_named_in_corrupt(
+    tiered: Tiered, spark: SparkSession, tmp_path: Path, fmt: str, schema: str | None
 ) -> None:
-    result = run_export(spark, request(tiered, "parquet", tmp_path / "json", value_format="json"))
-    table = pads.dataset(str(tmp_path / "json"), format="parquet", partitioning="hive").to_table()
-    rows = {r["offset"]: r for r in table.select(["offset", "value", "n", "name", "_corrupt"]).to_pylist()}
-    assert len(rows) == result.rows
-    json_rows = [o for o, (k, _, _) in tiered.produced.items() if o in rows and (k or b"").startswith(b"j-")]
-    assert json_rows
-    for offset in json_rows:
-        doc = json.loads(tiered.produced[offset][1])
-        assert (rows[offset]["n"], rows[offset]["name"], rows[offset]["_corrupt"]) == (doc["n"], doc["name"], None)
-    others = [o for o, (_, v, _) in tiered.produced.items() if o in rows and v and not v.startswith(b"{")]
-    delta = run_export(spark, request(tiered, "delta", tmp_path / "json-delta", value_format="json"))
-    assert delta.rows == result.rows
-    columns = DeltaTable(str(tmp_path / "json-delta")).to_pyarrow_table(columns=["offset", "n", "_corrupt"])
-    assert columns.num_rows == result.rows and columns.column("n").null_count == len(rows) - len(json_rows)
-    assert others
-    for offset in others:
-        assert rows[offset]["_corrupt"] == tiered.produced[offset][1].decode()
-        assert rows[offset]["value"] == tiered.produced[offset][1]
+    """Values half JSON objects, half binary (not UTF-8) or text: every reader reads the table (no invalid
+    UTF-8 in a string column); the raw value stays in the binary column, ``_corrupt`` says why a value gave
+    no fields. JSON fields named like a Kafka column or ``_corrupt`` get a ``value_`` prefix (and one named
+    like the JSON parser's own corrupt record column is a field as any other)."""
+    result = run_export(spark, request(tiered, fmt, tmp_path / fmt, value_format="json", json_schema=schema))
+    (rng,) = result.ranges
+    columns = ["offset", "value", "n", "name", "value_offset", "value__corrupt", "_malformed", "_corrupt"]
+    rows = {r["offset"]: r for r in exported_rows(str(tmp_path / fmt), fmt, columns)}
+    assert result.rows == len(rows) and rows.keys() == tiered.committed(rng.last).keys()
+    kinds: Counter[str] = Counter()
+    for offset, row in rows.items():
+        value = tiered.produced[offset][1]
+        kind = value_kind(value)
+        kinds[kind] += 1
+        assert row["value"] == value, f"offset {offset}: the raw value differs"
+        got = tuple(row[c] for c in columns[2:])
+        if kind == "json":
+            doc = json.loads(value)
+            assert got == (doc["n"], doc["name"], doc["offset"], doc["_corrupt"], doc["_malformed"], None), offset
+        else:
+            reason = {"none": None, "binary": NOT_UTF8, "text": NOT_JSON}[kind]
+            assert got == (None, None, None, None, None, reason), f"offset {offset} ({kind})"
+    assert kinds["json"] and kinds["binary"] and kinds["text"] and kinds["none"], kinds
+    corrupt = spark.read.format(fmt).load(str(tmp_path / fmt)).where("_corrupt IS NOT NULL").count()
+    assert corrupt == kinds["binary"] + kinds["text"]
 
 
 def test_timestamps_select_the_offsets_kafka_would(tiered: Tiered, spark: SparkSession, tmp_path: Path) -> None:
     """--from/--to times: from the earliest offset whose timestamp is >= the start (ListOffsets by time),
     up to before the earliest offset whose timestamp is >= the end."""
     base = run_export(spark, request(tiered, "parquet", tmp_path / "all", ending={0: 6000}))
-    table = pads.dataset(str(tmp_path / "all"), format="parquet", partitioning="hive").to_table()
-    rows = sorted((r["offset"], int(r["timestamp"].timestamp() * 1000)) for r in table.to_pylist())
+    rows = [(r["offset"], int(r["timestamp"].timestamp() * 1000))
+            for r in exported_rows(str(tmp_path / "all"), "parquet", ["offset", "timestamp"])]  # fmt: skip
     assert base.rows == len(rows)
     start_ts, end_ts = rows[len(rows) // 3][1], rows[2 * len(rows) // 3][1]
     first = min(o for o, ts in rows if ts >= start_ts)

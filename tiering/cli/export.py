@@ -98,7 +98,7 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 @click.option("--to", "to", metavar="POSITION", help="End (exclusive): offset, p:offset,..., ISO time or @ms.")
 @click.option("--incremental", is_flag=True, help="Export only what was tiered since the last run, exactly once.")
 @click.option("--value-format", type=click.Choice(["binary", "json"]), default="binary", show_default=True,
-              help="json: also flatten JSON values into columns (non-JSON values go to _corrupt).")  # fmt: skip
+              help="json: also flatten JSON values into columns (_corrupt says why a value gave none).")  # fmt: skip
 @click.option("--json-schema", metavar="DDL", help="Schema of JSON values (e.g. 'order long, note string'); "
               "inferred from a sample when absent.")  # fmt: skip
 @click.option("--include-local-tail", is_flag=True,
