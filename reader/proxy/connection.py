@@ -176,7 +176,9 @@ class ClientConnection:
         request = parse(request_type(FETCH, version), frame, head.body)
         server = self.server
         loop = asyncio.get_running_loop()
-        plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view)
+        plan = FetchPlan.make(version, request, server.view)
+        if plan.unconfirmed:
+            plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
         remote = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view) if plan.remote else None
         if plan.upstream is not None:
             sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0

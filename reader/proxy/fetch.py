@@ -63,12 +63,16 @@ class FetchPlan:
     remote: list[RemotePart]
     upstream: Any | None  # the request for the broker, None when every partition is remote
     offsets: dict[tuple[Any, int], tuple[str, int]] = field(default_factory=dict)  # (key, p) -> (name, offset)
+    unconfirmed: bool = False  # a partition may be in a hole: make it again with confirm_holes (blocking)
 
     @classmethod
-    def make(cls, version: int, request: Any, view: TieredView) -> FetchPlan:
+    def make(cls, version: int, request: Any, view: TieredView, confirm_holes: bool = False) -> FetchPlan:
+        """The plan; without ``confirm_holes`` it never blocks (run it on the event loop) and says
+        ``unconfirmed`` where a hole must be confirmed against the caught-up catalog (run that off the loop)."""
         by_id = version >= 13
         remote: list[RemotePart] = []
         offsets: dict[tuple[Any, int], tuple[str, int]] = {}
+        unconfirmed = False
         topics = []
         for t in request.topics:
             key = t.topic_id if by_id else t.topic
@@ -81,9 +85,11 @@ class FetchPlan:
                     if view.routes_remote(name, int(p.partition), offset):
                         remote.append(RemotePart(name, key, int(p.partition), offset, int(p.partition_max_bytes)))
                         continue
-                    hole_end = view.hole_end(name, int(p.partition), offset)
-                    if hole_end is not None:
-                        p = dataclasses.replace(p, fetch_offset=i64(hole_end))
+                    if view.maybe_hole(name, int(p.partition), offset):
+                        if not confirm_holes:
+                            unconfirmed = True
+                        elif (hole_end := view.hole_end(name, int(p.partition), offset)) is not None:
+                            p = dataclasses.replace(p, fetch_offset=i64(hole_end))
                 keep.append(p)
             if keep:
                 topics.append(dataclasses.replace(t, partitions=tuple(keep)))
@@ -94,7 +100,7 @@ class FetchPlan:
             changes["max_wait"] = NO_WAIT
         upstream = dataclasses.replace(request, topics=tuple(topics), **changes) if topics else None
         return cls(version, int(request.isolation_level) == 1, int(request.max_bytes),
-                   int(request.max_wait.total_seconds() * 1000), remote, upstream, offsets)  # fmt: skip
+                   int(request.max_wait.total_seconds() * 1000), remote, upstream, offsets, unconfirmed)  # fmt: skip
 
     @property
     def upstream_changed(self) -> bool:

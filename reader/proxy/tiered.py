@@ -132,15 +132,23 @@ class TieredView:
         found = self.remote_range(topic, partition)
         return found is not None and found[0] <= offset <= found[1]
 
-    def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
-        """The broker's log start when ``offset`` lies in a hole between the remote end and it (segments the
-        broker's retention deleted before they were copied): the fetch continues there. None otherwise."""
+    def maybe_hole(self, topic: str, partition: int, offset: int) -> bool:
+        """``offset`` is between the remote end the catalog knows and the broker's (cached) log start: a hole,
+        unless the catalog is behind (``hole_end`` tells, waiting for the catalog to catch up). Cheap."""
         log_start = self.known_log_start(topic, partition)
         if log_start is None or offset >= log_start:
-            return None
+            return False
         found = self.remote_range(topic, partition)
-        if found is None or offset <= found[1]:
+        return found is not None and offset > found[1]
+
+    def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
+        """The broker's log start when ``offset`` lies in a hole between the remote end and it (segments the
+        broker's retention deleted before they were copied): the fetch continues there. None otherwise.
+        Blocks until the catalog has caught up with the metadata WAL."""
+        if not self.maybe_hole(topic, partition, offset):
             return None
+        log_start = self.known_log_start(topic, partition)
+        assert log_start is not None
         found = self.remote_range(topic, partition, current=True)  # a copy recorded since?
         if found is None or offset <= found[1]:
             return None

@@ -1,0 +1,163 @@
+"""The proxy's pure parts: request headers, address rewriting, ApiVersions, and the Fetch split."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import uuid
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8, i16, i32, i64
+
+from reader.proxy.answers import api_versions
+from reader.proxy.fetch import FetchPlan
+from reader.proxy.protocol import (
+    ProtocolError,
+    build,
+    encode,
+    nested,
+    parse,
+    read_request_head,
+    request_type,
+    response_body_start,
+    response_frame,
+    response_type,
+    supported_versions,
+)
+from reader.proxy.routing import Router
+
+
+def request_bytes(api_key: int, version: int, body: Any, client_id: str = "test") -> bytes:
+    head = struct.pack(">hhih", api_key, version, 7, len(client_id)) + client_id.encode()
+    if request_type(api_key, version).__flexible__:
+        head += b"\x00"
+    return head + encode(body)
+
+
+def test_request_head_and_body_round_trip() -> None:
+    t = request_type(1, 17)
+    topic_type = nested(t, "topics")
+    part_type = nested(topic_type, "partitions")
+    part = build(part_type, partition=i32(0), current_leader_epoch=i32(-1), fetch_offset=i64(42),
+                 last_fetched_epoch=i32(-1), log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20))  # fmt: skip
+    body = build(t, max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1), max_bytes=i32(1 << 20),
+                 isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1),
+                 topics=(build(topic_type, topic_id=uuid.uuid4(), partitions=(part,)),), forgotten_topics_data=(),
+                 rack_id="")  # fmt: skip
+    frame = request_bytes(1, 17, body)
+    head = read_request_head(frame)
+    assert (head.api_key, head.api_version, head.correlation_id, head.client_id) == (1, 17, 7, "test")
+    assert parse(t, frame, head.body) == body
+
+
+def test_garbage_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError):
+        read_request_head(b"\x00\x01")
+    with pytest.raises(ProtocolError):
+        parse(response_type(3, 12), b"\x00\x00\x00\x07\x00\xff\xff\xff", 4)
+
+
+def test_metadata_and_coordinators_point_back_at_the_proxy() -> None:
+    router = Router("proxy.example", {1: 19001}, 19100, [("kafka", 9092)])
+    learned: list[int] = []
+    router.on_new_node = learned.append
+    m = response_type(3, 12)
+    broker_type = nested(m, "brokers")
+    body = build(m, throttle_time=datetime.timedelta(0), cluster_id="c", controller_id=i32(1), topics=(),
+                 brokers=(build(broker_type, node_id=i32(1), host="b1", port=i32(9092), rack=None),
+                          build(broker_type, node_id=i32(2), host="b2", port=i32(9093), rack=None)))  # fmt: skip
+    out = router.rewrite(3, body)
+    assert [(b.node_id, b.host, b.port) for b in out.brokers] == [(1, "proxy.example", 19001),
+                                                                  (2, "proxy.example", 19102)]  # fmt: skip
+    assert router.broker_address(2) == ("b2", 9093) and learned == [1, 2]
+    fc = response_type(10, 4)
+    coordinator = nested(fc, "coordinators")
+    found = build(coordinator, key="g", node_id=i32(2), host="b2", port=i32(9093), error_code=ErrorCode.none,
+                  error_message=None)  # fmt: skip
+    missing = build(coordinator, key="h", node_id=i32(-1), host="", port=i32(-1),
+                    error_code=ErrorCode.coordinator_not_available, error_message=None)  # fmt: skip
+    out = router.rewrite(10, build(fc, throttle_time=datetime.timedelta(0), coordinators=(found, missing)))
+    assert [(c.host, c.port) for c in out.coordinators] == [("proxy.example", 19102), ("", -1)]
+    old = build(response_type(10, 2), throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
+                error_message=None, node_id=i32(1), host="b1", port=i32(9092))  # fmt: skip
+    assert (router.rewrite(10, old).host, router.rewrite(10, old).port) == ("proxy.example", 19001)
+
+
+def test_api_versions_are_those_both_sides_can_read() -> None:
+    r = response_type(18, 3)
+    key = nested(r, "api_keys")
+    broker = [(0, 0, 13), (1, 0, 99), (17, 0, 1), (78, 1, 2), (9999, 0, 3)]
+    body = build(r, error_code=ErrorCode.none, throttle_time=datetime.timedelta(0), supported_features=(),
+                 finalized_features_epoch=i64(-1), finalized_features=(), zk_migration_ready=False,
+                 api_keys=tuple(build(key, api_key=i16(k), min_version=i16(lo), max_version=i16(hi))
+                                for k, lo, hi in broker))  # fmt: skip
+    got = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in api_versions(body).api_keys}
+    ours = supported_versions()
+    assert got[0] == (ours[0][0], 13)
+    assert got[1] == ours[1]
+    assert got[17] == (1, 1)  # SaslHandshake v0 is followed by raw tokens: not offered
+    assert 78 not in got and 9999 not in got
+
+
+def test_response_frame_has_its_size_and_header() -> None:
+    body = build(response_type(3, 12), throttle_time=datetime.timedelta(0), cluster_id="c", controller_id=i32(1),
+                 topics=(), brokers=())  # fmt: skip
+    frame = bytes(response_frame(99, 3, 12, body))
+    (size, correlation) = struct.unpack_from(">ii", frame)
+    assert size == len(frame) - 4 and correlation == 99
+    payload = frame[4:]
+    assert parse(response_type(3, 12), payload, response_body_start(payload, 3, 12)) == body
+
+
+class FakeView:
+    """Partition 0 of ``t`` is below its log start (100) with remote data 0..150; partition 1 is not."""
+
+    def __init__(self, hole: bool = False) -> None:
+        self.hole = hole
+
+    def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
+        return "t"
+
+    def routes_remote(self, topic: str, partition: int, offset: int) -> bool:
+        return partition == 0 and offset < 100 and not self.hole
+
+    def maybe_hole(self, topic: str, partition: int, offset: int) -> bool:
+        return self.hole and partition == 0
+
+    def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
+        return 100 if self.hole and partition == 0 else None
+
+
+def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int] = (5, 3)) -> Any:
+    t = request_type(1, version)
+    topic_type = nested(t, "topics")
+    part_type = nested(topic_type, "partitions")
+    parts = tuple(build(part_type, partition=i32(p), current_leader_epoch=i32(-1), fetch_offset=i64(o),
+                        last_fetched_epoch=i32(-1), log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20))
+                  for p, o in offsets.items())  # fmt: skip
+    return build(t, replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1),
+                 max_bytes=i32(50 << 20), isolation_level=i8(1), session_id=i32(session[0]),
+                 session_epoch=i32(session[1]), topics=(build(topic_type, topic="t", topic_id=uuid.uuid4(),
+                 partitions=parts),), forgotten_topics_data=(), rack_id="")  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [4, 11, 13, 17])
+def test_fetch_split_sends_the_broker_a_sessionless_request_without_the_remote_partitions(version: int) -> None:
+    plan = FetchPlan.make(version, fetch_request(version, {0: 50, 1: 7}), FakeView())  # type: ignore[arg-type]
+    assert [(p.partition, p.offset) for p in plan.remote] == [(0, 50)]
+    assert plan.read_committed and plan.upstream is not None
+    sent = [(int(p.partition), int(p.fetch_offset)) for t in plan.upstream.topics for p in t.partitions]
+    assert sent == [(1, 7)]
+    assert plan.upstream.max_wait == datetime.timedelta(0)  # the remote data is there now: the broker must not wait
+    if version >= 7:
+        assert (plan.upstream.session_id, plan.upstream.session_epoch) == (0, -1)
+
+
+def test_fetch_all_remote_needs_no_broker_request_and_holes_move_to_the_log_start() -> None:
+    assert FetchPlan.make(17, fetch_request(17, {0: 10}), FakeView()).upstream is None  # type: ignore[arg-type]
+    quick = FetchPlan.make(17, fetch_request(17, {0: 120}), FakeView(hole=True))  # type: ignore[arg-type]
+    assert quick.unconfirmed
+    confirmed = FetchPlan.make(17, fetch_request(17, {0: 120}), FakeView(hole=True), True)  # type: ignore[arg-type]
+    assert [int(p.fetch_offset) for t in confirmed.upstream.topics for p in t.partitions] == [100]
