@@ -24,6 +24,7 @@ def as_record(m: Any) -> tuple:
     return (m.key(), m.value(), list(m.headers() or []))
 
 
+@pytest.mark.containers
 @pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
 def test_confluent_consumer_reads_everything_from_zero(stack: Endpoints, tiered: TieredTopic, isolation: str) -> None:
     """A plain confluent_kafka.Consumer through the proxy gets every record once, byte for byte, across the
