@@ -28,10 +28,11 @@ class Member:
         self.group, self.name = group, name
         spec = {"config": config, "settings": str(group.tiered.config), "topic": group.tiered.topic,
                 "holds": str(group.holds_path), "batch": group.batch}  # fmt: skip
-        self.stderr = (group.dir / f"{name}.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.group_member", json.dumps(spec)],
-                                     stdout=subprocess.PIPE, stderr=self.stderr, cwd=Path(__file__).parent.parent,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        self.log = group.dir / f"{name}.log"
+        with self.log.open("wb") as stderr:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.group_member", json.dumps(spec)],
+                                         stdout=subprocess.PIPE, stderr=stderr, cwd=Path(__file__).parent.parent,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
         self.positions: dict[int, int] = {}
         self.lost: list[list[int]] = []
         self.revoked: list[list[int]] = []
@@ -70,7 +71,7 @@ class Member:
     def leave(self) -> None:
         """Close the consumer (commit, leave the group) and wait for the process to end."""
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(60) == 0, f"member {self.name} failed: see {self.stderr.name}"
+        assert self.proc.wait(60) == 0, f"member {self.name} failed: see {self.log}"
         self.reader.join(10)
         assert self.closed, f"member {self.name} did not close"
         self.positions = {}
@@ -178,7 +179,7 @@ class Group:
     def _check_members(self) -> None:
         for m in self.members:
             code = m.proc.poll()
-            assert code is None or m.closed, f"member {m.name} exited with {code}: see {m.stderr.name}"
+            assert code is None or m.closed, f"member {m.name} exited with {code}: see {m.log}"
 
     # -- what was delivered -----------------------------------------------------------------------
     def check(self, exactly_once: bool, read_committed: bool = True) -> None:
