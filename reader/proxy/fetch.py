@@ -129,6 +129,10 @@ class FetchPlan:
             log.warning("remote read failed; the client retries", topic=topic, partition=partition, offset=offset,
                         error=str(exc))  # fmt: skip
             return _error(data_type, partition, ErrorCode.kafka_storage_error)
+        except Exception as exc:  # the metadata WAL unreadable, a bug: the partition fails, not the connection
+            log.error("remote read failed unexpectedly; the client retries", topic=topic, partition=partition,
+                      offset=offset, error=str(exc), exc_info=True)  # fmt: skip
+            return _error(data_type, partition, ErrorCode.kafka_storage_error)
         aborted = None
         if self.read_committed:
             txn_type = _types(self.version)[3]

@@ -50,14 +50,6 @@ class Router:
             raise ConfigError(f"no proxy port for broker {node_id}: add it to broker_ports or set broker_port_base")
         return port
 
-    def node_for_port(self, port: int) -> int | None:
-        for node, p in self.broker_ports.items():
-            if p == port:
-                return node
-        if self.port_base is not None and port > self.port_base:
-            return port - self.port_base
-        return None
-
     def learn(self, node_id: int, host: str, port: int) -> None:
         with self._lock:
             new = node_id not in self._brokers

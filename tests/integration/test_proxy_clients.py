@@ -6,13 +6,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.kafka import run_kafka_tool
 from deploy.stack import Endpoints
+from tests.fault_proxy import TcpProxy
 from tests.proxy_harness import check_exact, proxy_bootstrap, proxy_for, read_all
 from tests.reader_harness import TieredTopic, expected, tiered_topic
 from tests.sidecar_harness import produce_mixed
@@ -155,3 +159,55 @@ def _offset_shell(bootstrap: str, topic: str, time_spec: str) -> int:
     line = next((x for x in result.stdout.splitlines() if x.startswith(f"{topic}:0:")), None)
     assert line is not None, f"GetOffsetShell printed {result.stdout!r} {result.stderr[-1500:]}"
     return int(line.rsplit(":", 1)[1])
+
+
+def test_store_outage_is_retried_by_the_client_and_nothing_is_skipped(stack: Endpoints, tiered: TieredTopic) -> None:
+    """The store goes away while a consumer reads the remote part through the proxy: the proxy answers
+    KAFKA_STORAGE_ERROR for the partition (the connection stays), the client retries the same offset, and
+    after the store is back every record arrives once."""
+    target = urlparse(stack.s3.endpoint_url)
+    store = TcpProxy(target.hostname or "127.0.0.1", target.port or 80)
+    settings = yaml.safe_load(tiered.config.read_text())
+    settings["remote_storage"]["endpoint_url"] = f"http://127.0.0.1:{store.port}"
+    settings.update(read_attempts=2, read_retry_backoff_seconds=0.1, fetch_window_bytes=64 * 1024, prefetch_windows=0)
+    config = tiered.config.with_name("proxy-outage.yaml")
+    config.write_text(yaml.safe_dump(settings))
+    produced = tiered.by_partition[1]
+    end = max(produced) + 1
+    try:
+        with proxy_for(config, stack.bootstrap) as proxy:
+            consumer = Consumer({"bootstrap.servers": proxy_bootstrap(proxy), "group.id": f"o-{time.monotonic_ns()}",
+                                 "enable.auto.commit": False, "isolation.level": "read_uncommitted",
+                                 "max.partition.fetch.bytes": 16384})  # fmt: skip
+            consumer.assign([TopicPartition(tiered.topic, 1, 0)])
+            got: list[Any] = []
+            while len(got) < 300:
+                got += [m for m in consumer.consume(100, 1.0) if m.error() is None]
+            store.cut()
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                got += [m for m in consumer.consume(100, 0.5) if m.error() is None]
+            errors = proxy.metrics.remote_errors._value.get()
+            store.restore()
+            deadline = time.monotonic() + 120
+            while (not got or got[-1].offset() < end - 1) and time.monotonic() < deadline:
+                got += [m for m in consumer.consume(500, 1.0) if m.error() is None]
+            consumer.close()
+    finally:
+        store.close()
+    assert errors > 0, "the outage never reached a remote read"
+    records = [(m.offset(), (m.key(), m.value(), list(m.headers() or []))) for m in got if m.offset() < end]
+    check_exact(records, expected(produced, read_committed=False))
+
+
+def test_consumer_groups_reset_to_earliest_reaches_the_remote_start(stack: Endpoints, tiered: TieredTopic) -> None:
+    """kafka-consumer-groups --reset-offsets --to-earliest through the proxy commits the remote start (0), not
+    the broker's log start."""
+    group = f"reset-{time.monotonic_ns()}"
+    with proxy_for(tiered.config, stack.bootstrap) as proxy:
+        result = run_kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
+                                proxy_bootstrap(proxy), "--group", group, "--topic", f"{tiered.topic}:0",
+                                "--reset-offsets", "--to-earliest", "--execute", timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = next(x for x in result.stdout.splitlines() if tiered.topic in x)
+    assert line.split()[-1] == "0" and tiered.log_start(0) > 0, result.stdout
