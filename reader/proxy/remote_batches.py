@@ -41,16 +41,17 @@ class ServedBatches:
 
 
 class _Window:
-    __slots__ = ("end", "future", "reserved", "start")
+    __slots__ = ("copy", "end", "future", "reserved", "start")
 
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
+    def __init__(self, copy: SegmentCopy, start: int, end: int) -> None:
+        self.copy, self.start, self.end = copy, start, end
         self.future: Future[bytes] | None = None
         self.reserved = 0
 
 
 class BatchCursor:
-    """One partition from ``position`` on. One caller at a time (the cache hands it out exclusively)."""
+    """One partition from ``position`` on. One caller at a time (the cache hands it out exclusively); the
+    next copy is located ahead on a download thread, so a copy's end costs no wait (KIP-1003's idea)."""
 
     def __init__(self, reader: RemoteReader, topic: str, partition: int, position: int) -> None:
         self.reader = reader
@@ -58,7 +59,10 @@ class BatchCursor:
         self.position = position
         self.copy: SegmentCopy | None = None
         self.txns: TxnView | None = None
+        self.lock = threading.Lock()  # the windows: the caller and the planning of the next copy
         self.windows: deque[_Window] = deque()
+        self.next_job: Future[None] | None = None
+        self.after: SegmentCopy | None = None  # the copy whose next one was located ahead
         self.data: bytes | None = None  # the head window's bytes, once taken
         self.headers: list[BatchHeader] = []
         self.next_batch = 0
@@ -75,13 +79,8 @@ class BatchCursor:
 
     def _read(self, max_bytes: int, read_committed: bool) -> ServedBatches:
         while True:
-            if self.copy is None or self.position > self.copy.end_offset:
-                self._begin(self.reader.locate(self.topic, self.partition, self.position))
             if self.data is None:
-                if not self.windows:
-                    self.copy = None  # the copy is done: the next one
-                    continue
-                self._take_head()
+                self._next_window()
             assert self.copy is not None and self.data is not None
             headers = self.headers
             i = self.next_batch
@@ -112,6 +111,19 @@ class BatchCursor:
             self._fill()
             return ServedBatches(view, aborted, self.position, blocked)
 
+    def _next_window(self) -> None:
+        """Take the head window (the next copy's first, located ahead or now, when this copy is done)."""
+        if not self.windows and self.next_job is not None:
+            self.next_job.result()  # the next copy, being located ahead
+            self.next_job = None
+        if not self.windows:
+            self._begin(self.reader.locate(self.topic, self.partition, self.position))
+        head = self.windows[0]
+        if head.copy is not self.copy:  # into the next copy
+            self.copy, self.txns = head.copy, None
+            self.position = max(self.position, head.copy.base_offset)
+        self._take_head()
+
     def _resolved(self, chosen: list[BatchHeader]) -> tuple[list[BatchHeader], bool]:
         """The batches before the first one of a transaction whose outcome is beyond the remote data."""
         if self.txns is None:
@@ -129,45 +141,69 @@ class BatchCursor:
     # -- windows --------------------------------------------------------------------------------
     def _begin(self, copy: SegmentCopy) -> None:
         self.close()
-        self.copy = copy
-        self.txns = None
+        self.copy, self.txns = copy, None
         self.position = max(self.position, copy.base_offset)
-        width = self.reader.settings.fetch_window_bytes
-        planned = windows_from(copy, copy.position_for(self.position), width)
-        self.windows.extend(_Window(w.start, w.end) for w in planned)
+        self._plan(copy, copy.position_for(self.position))
         self._fill()
 
+    def _plan(self, copy: SegmentCopy, start: int) -> None:
+        planned = windows_from(copy, start, self.reader.settings.fetch_window_bytes)
+        with self.lock:
+            self.windows.extend(_Window(copy, w.start, w.end) for w in planned)
+        self.after = None
+
     def _fill(self) -> None:
-        """Start downloads of the next windows into free pool room (read-ahead never waits for room)."""
-        assert self.copy is not None
+        """Start downloads of the next windows into free pool room (read-ahead never waits for room); when
+        the last copy planned is all scheduled, locate the one after it."""
         ahead = self.reader.settings.prefetch_windows
-        for w in list(self.windows)[: ahead + 1]:
+        with self.lock:
+            planned = list(self.windows)[: ahead + 1]
+            tail = self.windows[-1] if self.windows else None
+        for w in planned:
             if w.future is None:
                 if not self.reader.pool.try_reserve(w.end - w.start):
                     break
                 w.reserved = w.end - w.start
-                w.future = self.reader.executor.submit(self.reader.read_range, self.copy, w.start, w.end,
-                                                       cacheable=True)  # fmt: skip
+                w.future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end, cacheable=True)
+        if tail is not None and tail.end >= tail.copy.size and len(planned) <= ahead and tail.copy is not self.after:
+            self.after = tail.copy  # once per copy: at the remote end there is no next one to find
+            self.next_job = self.reader.executor.submit(self._plan_next, tail.copy)
+
+    def _plan_next(self, copy: SegmentCopy) -> None:
+        """On a download thread: locate the copy after ``copy`` and plan its windows (from the first offset
+        after ``copy``: overlapping copies after a leader change start below it)."""
+        try:
+            following = self.reader.next_copy(copy)
+        except Exception:  # read-ahead only: the caller locates it again itself when it gets there
+            return
+        if following is None:
+            return
+        windows = windows_from(following, following.position_for(copy.end_offset + 1),
+                               self.reader.settings.fetch_window_bytes)  # fmt: skip
+        with self.lock:
+            if self.windows and self.windows[-1].copy is copy:  # not closed or moved meanwhile
+                self.windows.extend(_Window(following, w.start, w.end) for w in windows)
 
     def _take_head(self) -> None:
-        assert self.copy is not None
         w = self.windows[0]
         if w.future is None:
             self.reader.pool.reserve(w.end - w.start)
             w.reserved = w.end - w.start
-            w.future = self.reader.executor.submit(self.reader.read_range, self.copy, w.start, w.end, cacheable=True)
+            w.future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end, cacheable=True)
         data = w.future.result()
-        key = self.copy.log_key
+        copy = w.copy
+        key = copy.log_key
         whole = complete_prefix(key, data, w.start)
         if whole != len(data):
             raise RemoteDataCorrupt(key, w.start + whole, "a window of the object ends inside a batch")
         headers = scanned_headers(key, data, w.start)
-        check_offsets(key, headers, w.start, self.copy.base_offset, self.copy.end_offset, -1)
+        check_offsets(key, headers, w.start, copy.base_offset, copy.end_offset, -1)
         verify_crcs(key, data, headers, w.start)
         self.data, self.headers, self.next_batch = data, headers, 0
 
     def _drop_head(self) -> None:
-        w = self.windows.popleft()
+        with self.lock:
+            w = self.windows.popleft()
         self._release(w)
         self.data, self.headers, self.next_batch = None, [], 0
 
@@ -180,8 +216,10 @@ class BatchCursor:
 
     def close(self) -> None:
         """Free the pool room of every window (read-ahead still downloading is abandoned)."""
-        while self.windows:
-            self._release(self.windows.popleft())
+        with self.lock:
+            windows, self.windows = list(self.windows), deque()
+        for w in windows:
+            self._release(w)
         self.data, self.headers, self.next_batch = None, [], 0
         self.copy = None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,11 @@ from tiering_core.logs import get_logger
 from tiering_core.stores.factory import open_store
 
 log = get_logger(__name__)
+# Python 3.11's asyncio keeps what a send() did not take in a bytearray and deletes the sent head after
+# each later send(): a 1 MiB Fetch answer sent in 64 KiB pieces moved about 8 MiB in memory (measured:
+# 1.7 ms of CPU per answer). A send buffer that holds whole answers (the kernel caps it at wmem_max)
+# lets the first send() take all of it.
+SEND_BUFFER = 4 << 20
 
 
 class UpstreamUnavailable(TieringError):
@@ -148,6 +154,9 @@ class ProxyServer:
                             max_connections=self.settings.proxy.max_connections)  # fmt: skip
                 writer.close()
                 return
+            sock = writer.get_extra_info("socket")
+            if sock is not None:  # one send() takes a whole Fetch answer (see SEND_BUFFER)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             self.connections += 1
             self.metrics.connections.inc()
             task = asyncio.current_task()

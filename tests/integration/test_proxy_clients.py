@@ -211,3 +211,26 @@ def test_consumer_groups_reset_to_earliest_reaches_the_remote_start(stack: Endpo
     assert result.returncode == 0, result.stderr[-2000:]
     line = next(x for x in result.stdout.splitlines() if tiered.topic in x)
     assert line.split()[-1] == "0" and tiered.log_start(0) > 0, result.stdout
+
+
+def test_a_group_continues_through_another_proxy_instance(stack: Endpoints, tiered: TieredTopic) -> None:
+    """Stateless: a group member reads part of the remote data through one instance and commits; the group
+    continues through a second instance (the first one stopped) from the committed offset: every record once."""
+    produced = tiered.by_partition[2]
+    want = expected(produced, read_committed=True)
+    end = max(produced) + 1
+    split = tiered.log_start(2) // 2  # the first instance stops in the remote part
+    config = {"group.id": f"two-{time.monotonic_ns()}", "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+    got: list[tuple[int, tuple]] = []
+    for first in (True, False):
+        with proxy_for(tiered.config, stack.bootstrap) as proxy:
+            consumer = Consumer({"bootstrap.servers": proxy_bootstrap(proxy), **config})
+            consumer.assign([TopicPartition(tiered.topic, 2)])  # at the committed offset (none yet: earliest)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (got and got[-1][0] >= (split if first else max(want))):
+                for m in consumer.consume(1, 1.0):
+                    if m.error() is None and m.offset() < end:
+                        got.append((m.offset(), (m.key(), m.value(), list(m.headers() or []))))
+            consumer.commit(offsets=[TopicPartition(tiered.topic, 2, got[-1][0] + 1)], asynchronous=False)
+            consumer.close()
+    check_exact(got, want)
