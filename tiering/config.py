@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tiering_core.backoff import Backoff
@@ -48,6 +48,13 @@ class SidecarSettings(BaseSettings):
     copy_started_timeout_seconds: float = Field(
         default=900.0, gt=0, description="A COPY_SEGMENT_STARTED older than this is abandoned and swept."
     )
+    remote_log_manager_incomplete_upload_abort_ms: int = Field(
+        default=3_600_000, ge=1,
+        description="A multipart upload under the prefix begun longer ago than this is aborted by the sweeper. A "
+        "process killed mid-upload (kill -9, OOM, a lost host) leaves its upload behind, and S3 keeps (and bills) "
+        "its parts until it is aborted, while no object listing shows them. Longer than any upload can take (one "
+        "still running when aborted fails and is copied again), and at least copy_started_timeout_seconds.",
+    )  # fmt: skip
     remote_log_manager_task_retry_backoff_ms: int = Field(
         default=500, ge=1, description="First wait before retrying a failed operation (Kafka's name and default)."
     )
@@ -73,6 +80,15 @@ class SidecarSettings(BaseSettings):
         initial = self.remote_log_manager_task_retry_backoff_ms / 1000
         return Backoff(initial, max(initial, self.remote_log_manager_task_retry_backoff_max_ms / 1000),
                        self.remote_log_manager_task_retry_jitter)  # fmt: skip
+
+    @model_validator(mode="after")
+    def _abort_after_copy_timeout(self) -> SidecarSettings:
+        if self.remote_log_manager_incomplete_upload_abort_ms < self.copy_started_timeout_seconds * 1000:
+            raise ValueError(
+                "remote_log_manager_incomplete_upload_abort_ms must be at least copy_started_timeout_seconds x 1000: "
+                "an upload must not be aborted while its copy may still finish"
+            )
+        return self
 
     @field_validator("log_dirs", mode="before")
     @classmethod

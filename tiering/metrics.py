@@ -89,6 +89,12 @@ class SidecarMetrics:
             _TP,
             registry=r,
         )
+        self.uploads_aborted = Counter(
+            "tiering_remote_incomplete_uploads_aborted",
+            "Incomplete uploads under the prefix (multipart uploads a crash left, whose parts the store keeps and "
+            "bills) aborted by the sweeper, older than remote_log_manager_incomplete_upload_abort_ms.",
+            registry=r,
+        )
         self.metadata_wal_lag = Gauge(
             "tiering_metadata_wal_lag_records",
             "Records of the metadata WAL not yet applied here, per WAL partition (its end offset minus the next "
@@ -104,7 +110,7 @@ class SidecarMetrics:
         )
         self.store_requests = Counter(
             "tiering_remote_store_requests",
-            "Requests to the remote store by operation (put, get, head, list, delete).",
+            "Requests to the remote store by operation (put, get, head, list, delete, abort).",
             ("operation",),
             registry=r,
         )

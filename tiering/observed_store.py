@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterable
 from typing import BinaryIO, TypeVar
 
 from tiering.metrics import SidecarMetrics
-from tiering_core.stores.base import ObjectNotFound, RemoteStore, RemoteStoreError, StoreUnavailable
+from tiering_core.stores.base import (
+    IncompleteUpload,
+    ObjectNotFound,
+    RemoteStore,
+    RemoteStoreError,
+    StoreUnavailable,
+)
 
 T = TypeVar("T")
 
@@ -82,3 +88,9 @@ class ObservedStore:
     def delete(self, keys: Iterable[str]) -> None:
         batch = list(keys)
         self._observe("delete", lambda: self.inner.delete(batch))
+
+    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+        return self._observe("list", lambda: self.inner.incomplete_uploads(prefix))
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        self._observe("abort", lambda: self.inner.abort_upload(upload))

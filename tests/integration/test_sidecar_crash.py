@@ -16,7 +16,7 @@ import pytest
 from deploy.stack import Endpoints
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
-from tests.integration.test_sidecar_policies import cli, produce
+from tests.integration.test_sidecar_policies import cli, produce, running
 from tests.sidecar_harness import settings, snapshot_segments, wait_for, write_config
 from tiering.sidecar.context import SidecarContext
 from tiering_core.objects import SegmentRef
@@ -90,5 +90,35 @@ def test_kill_9_during_uploads_loses_nothing_and_leaves_no_orphans(stack: Endpoi
         assert observer.store.get_bytes(ref.key(observer.prefix, "log")) == originals[seg.base_offset]
     prefix = f"{observer.prefix}/{topic}-{topic_id}/"
     assert set(observer.store.list_keys(prefix)) == expected_keys, "orphan objects remain"
-    inner = observer.store.inner
-    assert isinstance(inner, S3Store) and inner.pending_multipart_uploads(prefix) == []
+    assert observer.store.incomplete_uploads(prefix) == []
+
+
+def test_the_sweeper_aborts_stale_incomplete_uploads_under_its_prefix_only(stack: Endpoints, tmp_path: Path) -> None:
+    """What a sidecar killed mid-upload leaves: multipart uploads no object listing shows, billed until aborted."""
+    config = write_config(
+        stack, tmp_path, copy_started_timeout_seconds=1, remote_log_manager_incomplete_upload_abort_ms=1000
+    )
+    with running(config) as (ctx, sidecar):
+        store = ctx.store.inner
+        assert isinstance(store, S3Store)
+        prefix = ctx.prefix
+
+        def begin(key: str) -> str:
+            upload = store.client.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"]
+            store.client.upload_part(Bucket=store.bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"p" * 1024)
+            return key
+
+        stale = {begin(f"{prefix}/t-x-id/0/{0:020d}-{uuid.uuid4().hex}.log"),
+                 begin(f"{prefix}/metadata-snapshots/wal/snapshot-1.tsnap")}  # fmt: skip
+        foreign = begin(f"{prefix}-other/t-x-id/0/{0:020d}-{uuid.uuid4().hex}.log")  # another cluster's prefix
+        time.sleep(1.2)  # the store's clock: the uploads above are older than the one below
+        fresh = begin(f"{prefix}/t-x-id/0/{1:020d}-{uuid.uuid4().hex}.log")
+        begun = {u.key: u.initiated_ms for u in store.incomplete_uploads(prefix)}
+        assert begun.keys() == {*stale, foreign, fresh}
+        ctx.now_ms = lambda: begun[fresh] + 500  # the fresh upload is half the abort age old, the others older
+        sidecar.tick()
+        left = {u.key for u in store.incomplete_uploads(prefix)}
+        assert left == {foreign, fresh}, "stale uploads under the prefix stay, or others were aborted"
+        assert ctx.metrics.registry.get_sample_value("tiering_remote_incomplete_uploads_aborted_total") == 2
+        for upload in store.incomplete_uploads(prefix):
+            store.abort_upload(upload)

@@ -6,13 +6,21 @@ import io
 import os
 import re
 import socket
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from deploy.stack import Endpoints
-from tiering_core.stores import ObjectNotFound, RemoteStoreError, S3Store, S3StoreConfig, StoreUnavailable
+from tiering_core.stores import (
+    IncompleteUpload,
+    ObjectNotFound,
+    RemoteStoreError,
+    S3Store,
+    S3StoreConfig,
+    StoreUnavailable,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +50,34 @@ def test_multipart_round_trip_ranges_and_delete(stack: Endpoints, tmp_path: Path
     store.delete([key, other, key])
     with pytest.raises(ObjectNotFound, match=re.escape(key)):
         store.get_range(key, 0, 1)
-    assert store.pending_multipart_uploads("store-test/") == []
+    assert mine(store.incomplete_uploads("store-test/"), key, other) == []
+
+
+def test_incomplete_uploads_are_listed_by_prefix_and_aborted(stack: Endpoints) -> None:
+    """MinIO lists in-progress uploads only for an exact key when asked with a Prefix: a shorter prefix must
+    still find them (a crashed sidecar's uploads are under <prefix>/<topic>-<id>/<partition>/)."""
+    store = S3Store(config(stack))
+    run = uuid.uuid4().hex
+    keys = [f"store-test/{run}/t-id/0/{n:020d}-{uuid.uuid4().hex}.log" for n in range(2)]
+    elsewhere = f"store-test-other/{run}/0.log"
+    for key in [*keys, elsewhere]:
+        upload = store.client.create_multipart_upload(Bucket=stack.s3.bucket, Key=key)["UploadId"]
+        store.client.upload_part(Bucket=stack.s3.bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"p" * 1000)
+    found = store.incomplete_uploads(f"store-test/{run}/")
+    assert sorted(u.key for u in found) == sorted(keys)
+    assert all(abs(u.initiated_ms - time.time() * 1000) < 600_000 for u in found), found  # the store's clock, in ms
+    for upload in found:
+        store.abort_upload(upload)
+        store.abort_upload(upload)  # idempotent
+    assert store.incomplete_uploads(f"store-test/{run}/") == []
+    (other,) = store.incomplete_uploads(f"store-test-other/{run}/")
+    assert other.key == elsewhere
+    store.abort_upload(other)
+
+
+def mine(uploads: list[IncompleteUpload], *keys: str) -> list[IncompleteUpload]:
+    """The uploads to ``keys`` (other tests of the session may have uploads of their own under the prefix)."""
+    return [u for u in uploads if u.key in keys]
 
 
 def test_unreachable_endpoint_is_a_clear_error(stack: Endpoints) -> None:
@@ -69,4 +104,4 @@ def test_a_refused_upload_is_a_remote_store_error_naming_key_and_endpoint(
         assert not isinstance(caught.value, StoreUnavailable)
         assert key in str(caught.value) and stack.s3.endpoint_url in str(caught.value)
         assert "XMinioInvalidObjectName" in str(caught.value)
-    assert store.pending_multipart_uploads("store-test/") == []
+    assert mine(store.incomplete_uploads("store-test/"), key) == []

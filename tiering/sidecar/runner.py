@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,6 +24,7 @@ from tiering.sidecar.leadership import led_partitions
 from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import SIDECAR
 from tiering.sidecar.status import status_document, status_key, write_status
+from tiering.sidecar.sweeping import abort_stale_uploads
 from tiering.watch import SegmentWatcher
 from tiering_core.errors import TieringError
 from tiering_core.logs import get_logger
@@ -166,8 +168,11 @@ class Sidecar:
         self._release_leases(gone)
 
     def _janitor(self) -> None:
+        """The cluster's cleanups, on the sidecar of the lowest live broker id, after its partitions' steps (no copy
+        of its own in flight): uploads crashes left incomplete, then deleted topics' remote data."""
         brokers = self.ctx.cluster.broker_ids()
         if brokers and self.ctx.broker_id == min(brokers):
+            self.ctx.retry.run(SIDECAR, "upload_sweep", partial(abort_stale_uploads, self.ctx))
             self.janitor.run()
 
     def _tick(self) -> bool:

@@ -1,14 +1,18 @@
-"""Sweeping a partition: finishing what crashed or deposed sidecars left behind, through the FSM.
+"""Sweeping: finishing what crashed or deposed sidecars left behind.
 
-Duplicate finished copies, COPY_SEGMENT_STARTED copies older than ``copy_started_timeout_seconds``,
-unfinished deletions (DELETE_SEGMENT_STARTED), and orphan objects (no metadata names them) at or
-below the remote end. Every step is idempotent, so a sweep interrupted anywhere is simply run again.
+A partition's sweep (its leader's): duplicate finished copies, COPY_SEGMENT_STARTED copies older than
+``copy_started_timeout_seconds``, unfinished deletions (DELETE_SEGMENT_STARTED), all through the FSM,
+and orphan objects (no metadata names them) at or below the remote end. The cluster's sweep of
+incomplete uploads (one sidecar's, the janitor's): multipart uploads under the prefix that a killed
+process left, which no object listing shows and S3 keeps (and bills) until they are aborted. Every
+step is idempotent, so a sweep interrupted anywhere is simply run again.
 """
 
 from __future__ import annotations
 
 from segment_fsm import SegmentState
 from tiering.policy import PartitionOffsets
+from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.writer import PartitionWriter
 from tiering_core.logs import get_logger
 from tiering_core.objects import parse_key, partition_prefixes
@@ -50,3 +54,25 @@ def sweep(writer: PartitionWriter, offsets: PartitionOffsets) -> None:
     if orphans:
         log.warning("deleting orphan objects", topic=topic, partition=partition, count=len(orphans))
         ctx.store.delete(orphans)
+
+
+def abort_stale_uploads(ctx: SidecarContext) -> None:
+    """Abort every incomplete upload under the cluster's prefix (segment copies of every partition, metadata
+    snapshots) begun more than ``remote_log_manager_incomplete_upload_abort_ms`` ago.
+
+    The setting is longer than any upload takes, so an upload that old belongs to no live copy (its copy is
+    swept as a stale COPY_SEGMENT_STARTED, or was abandoned): aborting it only frees its parts. Run by one
+    sidecar, when no copy of its own is in flight. Idempotent: an upload completed or aborted meanwhile is
+    fine. The ages compare the store's clock with ours: keep them in sync (NTP), as for every timeout here.
+    """
+    max_age_ms = ctx.settings.remote_log_manager_incomplete_upload_abort_ms
+    now = ctx.now_ms()
+    stale = [u for u in ctx.store.incomplete_uploads(f"{ctx.prefix}/") if now - u.initiated_ms > max_age_ms]
+    for upload in stale:
+        ctx.store.abort_upload(upload)
+        ctx.metrics.uploads_aborted.inc()
+    if stale:
+        log.warning(
+            "aborted incomplete uploads a crash left", count=len(stale), keys=[u.key for u in stale[:20]],
+            oldest_age_s=round((now - min(u.initiated_ms for u in stale)) / 1000), max_age_ms=max_age_ms,
+        )  # fmt: skip

@@ -5,11 +5,14 @@ Contracts (every implementation):
   whatever the size. Overwriting a key replaces it whole. A failed put leaves no object.
 - ``get_range(key, start, end)``: ``end`` is *inclusive*, as in HTTP ranges.
 - ``delete`` of a missing key is not an error (idempotent).
+- A put that never ends (the process crashed) leaves an ``IncompleteUpload``, invisible to ``list_keys``,
+  until ``abort_upload``; aborting one that is gone already is not an error (idempotent).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from tiering_core.errors import TieringError
@@ -37,6 +40,17 @@ class StoreUnavailable(RemoteStoreError):
         super().__init__(f"remote store {endpoint} is unreachable{during}: {cause}")
 
 
+@dataclass(frozen=True, slots=True)
+class IncompleteUpload:
+    """An upload begun and neither completed nor aborted: on S3 a multipart upload, whose parts the store
+    keeps (and bills) until it is aborted; on a filesystem store a temp file. ``initiated_ms`` is the
+    store's clock (S3's ``Initiated``; the temp file's last write)."""
+
+    key: str
+    upload_id: str
+    initiated_ms: int
+
+
 class RemoteStore(Protocol):
     endpoint: str
 
@@ -60,3 +74,9 @@ class RemoteStore(Protocol):
 
     def delete(self, keys: Iterable[str]) -> None:
         """Delete the keys; missing ones are fine (idempotent)."""
+
+    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+        """Uploads to keys under ``prefix`` begun and neither completed nor aborted (some may be in progress)."""
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        """Abort the upload and free what it stored; one completed or aborted meanwhile is fine (idempotent)."""

@@ -1,20 +1,22 @@
 """A RemoteStore over a local directory (the embedded default, and for tests).
 
-Objects are files under ``root``; a put writes a temp file, fsyncs it and renames it into place, so
-a reader never sees a partial object.
+Objects are files under ``root``; a put writes a temp file (``.<name>.<pid>.tmp`` beside the object),
+fsyncs it and renames it into place, so a reader never sees a partial object. A temp file a crash left
+is an incomplete upload, aborted by deleting it.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tiering_core.stores.base import ObjectNotFound, RemoteStoreError
+from tiering_core.stores.base import IncompleteUpload, ObjectNotFound, RemoteStoreError
 
 _CHUNK = 1 << 20
+_TMP = ".tmp"
 
 
 class FileSystemStore:
@@ -28,10 +30,18 @@ class FileSystemStore:
             raise RemoteStoreError(f"key {key!r} escapes the store root {self.root}")
         return path
 
+    def _files(self) -> Iterator[tuple[str, str]]:
+        """(key of the directory, with its trailing /; file name) of every file under the root."""
+        for dirpath, _, files in os.walk(self.root):
+            relative = Path(dirpath).relative_to(self.root).as_posix()
+            directory = "" if relative == "." else f"{relative}/"
+            for name in files:
+                yield directory, name
+
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP}")
         try:
             with tmp.open("wb") as out:
                 remaining = length
@@ -76,16 +86,22 @@ class FileSystemStore:
             return None
 
     def list_keys(self, prefix: str) -> list[str]:
-        base = self.root
+        keys = (directory + name for directory, name in self._files() if not name.startswith("."))
+        return sorted(key for key in keys if key.startswith(prefix))
+
+    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+        """Temp files of puts that never renamed them into place, to keys under ``prefix``."""
         found = []
-        for dirpath, _, files in os.walk(base):
-            for name in files:
-                if name.startswith("."):
-                    continue
-                key = str(Path(dirpath, name).relative_to(base))
+        for directory, name in self._files():
+            if name.startswith(".") and name.endswith(_TMP):
+                key = directory + name[1:].removesuffix(_TMP).rsplit(".", 1)[0]
                 if key.startswith(prefix):
-                    found.append(key)
-        return sorted(found)
+                    mtime = os.stat(self.root / directory / name).st_mtime_ns // 1_000_000
+                    found.append(IncompleteUpload(key, name, mtime))
+        return found
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        self._path(upload.key).with_name(upload.upload_id).unlink(missing_ok=True)
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:

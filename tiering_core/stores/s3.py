@@ -2,7 +2,9 @@
 
 Uploads go through boto3's managed transfer: multipart above ``multipart_threshold``, parts of
 ``part_size`` bytes, ``max_concurrency`` parts in flight, each part's checksum (CRC32) computed by
-botocore and verified by the server; s3transfer aborts the multipart upload when anything fails.
+botocore and verified by the server; s3transfer aborts the multipart upload when anything fails, but a
+process killed mid-upload leaves it behind: ``incomplete_uploads`` and ``abort_upload`` let the sweeper
+find and abort those.
 Memory is bounded by about ``max_concurrency x part_size`` (parts are read from the file as they are
 sent). Credentials come from the standard AWS chain unless given explicitly.
 """
@@ -18,7 +20,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
-from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
+from tiering_core.stores.base import IncompleteUpload, ObjectNotFound, RemoteStoreError, StoreUnavailable
 from tiering_core.stores.config import S3StoreConfig
 
 T = TypeVar("T")
@@ -163,11 +165,29 @@ class S3Store:
                 raise self._refused(f"delete{more}", str(first.get("Key")), str(first.get("Code")),
                                     str(first.get("Message", "")))  # fmt: skip
 
-    def pending_multipart_uploads(self, prefix: str) -> list[str]:
-        """Keys with unfinished multipart uploads under ``prefix`` (there should be none)."""
-        response = self._call(
-            "list uploads",
-            prefix,
-            lambda: self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix),
-        )
-        return [u["Key"] for u in response.get("Uploads", [])]
+    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+        """The multipart uploads under ``prefix`` neither completed nor aborted. The bucket's uploads are
+        listed and filtered by key here: MinIO lists in-progress uploads only for an exact key (a shorter
+        ``Prefix`` returns none), and listing them all is right on AWS S3 too."""
+
+        def run() -> list[IncompleteUpload]:
+            found: list[IncompleteUpload] = []
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket):
+                found.extend(
+                    IncompleteUpload(u["Key"], u["UploadId"], int(u["Initiated"].timestamp() * 1000))
+                    for u in page.get("Uploads", [])
+                    if u["Key"].startswith(prefix)
+                )
+            return found
+
+        return self._call("list uploads", prefix, run)
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        def run() -> None:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload.key, UploadId=upload.upload_id)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":  # AWS: completed or aborted already
+                    raise
+
+        self._call("abort upload", upload.key, run)
