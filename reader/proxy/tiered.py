@@ -108,7 +108,7 @@ class TieredView:
         """(Rx, Ry) when the partition has readable remote data, else None. ``current``: first wait until the
         metadata WAL's records written so far are applied (before concluding that an offset has no copy:
         the sidecar records a copy before the broker deletes the data, but the catalog follows it with a lag)."""
-        if not self.catalog.recheck():
+        if not self.catalog.recheck(0.0 if current else 10.0):  # a sidecar may have started since
             return None
         if current:
             try:
@@ -172,7 +172,7 @@ class TieredView:
         return self._bound(topic, partition, 1)
 
     def _bound(self, topic: str, partition: int, which: int) -> tuple[int, int] | None:
-        found = self.remote_range(topic, partition)
+        found = self.remote_range(topic, partition, current=True)  # a client resets to it: no stale answer
         if found is None:
             return None
         copy = self._locate(topic, partition, found[which])

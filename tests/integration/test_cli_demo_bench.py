@@ -94,3 +94,19 @@ def test_bench_export_prints_both_sides_and_a_json_summary_last(stack: Endpoints
     summary = lines[-1]
     assert set(summary) >= {"ratio", "ours_rows_per_s", "ours_mb_s", "spark_kafka_rows_per_s", "spark_kafka_mb_s"}
     assert summary["ratio"] == round(summary["ours_rows_per_s"] / summary["spark_kafka_rows_per_s"], 3)
+
+
+def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints) -> None:
+    result = CliRunner().invoke(
+        main, ["bench", "proxy", "--stack-dir", stack.stack_dir, "--size-mb", "16", "--rounds", "1"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
+    summary = lines[-1]
+    assert set(summary) >= {"ratio", "passthrough_ratio", "remote_mb_s", "broker_mb_s", "passthrough_mb_s",
+                            "proxy_cpu_s_per_gb", "proxy_peak_rss_mb"}  # fmt: skip
+    sides = [(r["side"], r["record_size"]) for r in lines[:-1]]
+    assert sides == [(s, n) for n in (100, 1024) for s in ("remote", "broker", "passthrough")]
+    for r in lines[:-1]:
+        assert r["bytes"] == r["records"] * r["record_size"] and r["mb_s"] > 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from deploy.stack import Endpoints
 from tests.proxy_harness import check_exact, console_consume, kcat_consume, proxy_bootstrap, proxy_for, read_all
 from tests.reader_harness import TieredTopic, expected, tiered_topic
+from tests.sidecar_harness import write_config
 
 pytestmark = pytest.mark.integration
 
@@ -60,3 +63,19 @@ def test_kcat_reads_a_partition_from_the_beginning(stack: Endpoints, tiered: Tie
     with proxy_for(tiered.config, stack.bootstrap) as proxy:
         got = kcat_consume(proxy_bootstrap(proxy), tiered.topic, 0, len(want))
     check_exact([(o, (k, v)) for o, k, v in got], {o: (r[0], r[1]) for o, r in want.items()})
+
+
+def test_a_proxy_started_before_any_sidecar_serves_what_is_tiered_later(stack: Endpoints, tmp_path: Path) -> None:
+    """The proxy starts while the cluster has no tiering metadata yet; a sidecar then tiers a topic: a client
+    reading from offset 0 through the proxy gets the remote part, not a reset to the broker's log start."""
+    shared = {"prefix": f"it-{uuid.uuid4().hex[:8]}", "metadata_topic": f"__tiering_metadata_{uuid.uuid4().hex[:8]}"}
+    (tmp_path / "proxy").mkdir()
+    with (
+        proxy_for(write_config(stack, tmp_path / "proxy", **shared), stack.bootstrap) as proxy,
+        tiered_topic(stack, tmp_path, records=6_000, local_retention=64 * 1024, **shared) as t,
+    ):
+        got = read_all(proxy_bootstrap(proxy), t.topic, {0: t.end_offset(0)},
+                       **{"isolation.level": "read_uncommitted"})[0]  # fmt: skip
+        log_start = t.log_start(0)
+    assert log_start > 0
+    check_exact([(m.offset(), as_record(m)) for m in got], expected(t.produced, read_committed=False))
