@@ -42,6 +42,7 @@ from metadata.snapshot import (
 from metadata.state import ACCEPTED, ApplyResult, ClusterTiering, MetadataState
 from metadata.wal import MetadataWal, WalError
 from segment_fsm import SegmentState, TopicTiering
+from tiering_core.crash_points import crash_point
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -264,6 +265,7 @@ class MetadataManager:
         if self.read_only:
             raise WalError("this metadata manager is read-only (a reader): it never writes the WAL")
         part, offset = self.wal.append(record)
+        crash_point("metadata.appended")
         deadline = time.monotonic() + timeout
         with self._applied:
             while self.next_offsets.get(part, 0) <= offset:
@@ -358,9 +360,11 @@ class MetadataManager:
             path = write_snapshot(self.snapshot_dir, self.state, dict(self.next_offsets), self.wal.topic_id)
             self._since_snapshot = 0
             self._last_snapshot = time.monotonic()
+        crash_point("snapshot.local")
         if self.remote is not None:
             try:
                 self.remote.put_file(f"{self.remote_prefix}/{path.name}", path)
+                crash_point("snapshot.remote")
                 keys = self.remote.list_keys(self.remote_prefix)
                 for old in keys[: max(0, len(keys) - self.keep_snapshots)]:
                     self.remote.delete(old)

@@ -30,6 +30,7 @@ from metadata.partition import COLUMNS_Q, PartitionSegments
 from metadata.records import topic_id_bytes, topic_id_str
 from metadata.state import ClusterTiering, MetadataState
 from segment_fsm import Fence, LogStarts, PartitionDeleteState, TopicTiering
+from tiering_core.crash_points import crash_point
 from tiering_core.errors import TieringError
 
 MAGIC = b"TSNP"
@@ -203,6 +204,7 @@ def write_snapshot(
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
+    crash_point("snapshot.written")
     tmp.replace(path)
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import crc32c
 
+from tiering_core.crash_points import crash_point
 from tiering_core.errors import FormatError, TieringError
 from tiering_core.formats import VALIDATION_WINDOW, SegmentFiles, file_mtime_ms, segment_file_name, summarize_fd
 from tiering_core.logs import get_logger
@@ -54,6 +55,7 @@ class _FileRange:
             return b""
         if self.limiter is not None:
             self.limiter.acquire(n)
+        crash_point("copy.part")
         data = os.pread(self.fd, n, self.pos)
         self.pos += len(data)
         return data
@@ -169,7 +171,9 @@ class SegmentCopier:
             stored = self.store.head(log_key)
             if stored != length:
                 raise RemoteStoreError(f"{log_key} holds {stored} bytes after the upload, expected {length}")
+            crash_point("copy.log_uploaded")
             self.store.put_bytes(index_key, indexes)
+            crash_point("copy.indexes_uploaded")
             self.store.put_bytes(manifest_key, manifest.encode())
         except BaseException as first:
             try:

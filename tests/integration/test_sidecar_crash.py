@@ -25,11 +25,13 @@ from tiering_core.stores.s3 import S3Store
 pytestmark = pytest.mark.integration
 
 
-def start_sidecar(config: Path, log: Path) -> subprocess.Popen:
+def start_sidecar(config: Path, log: Path, **env: str) -> subprocess.Popen:
+    """``tiering sidecar run`` as a child process in a session of its own, its output appended to ``log``, with
+    ``env`` added to the environment."""
     out = log.open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "tiering", "sidecar", "run", "--config", str(config)],
-        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env},
     )  # fmt: skip
 
 

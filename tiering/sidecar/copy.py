@@ -18,6 +18,7 @@ from tiering.policy import CopyDecision, LocalSegmentInfo, PartitionOffsets, nex
 from tiering.sidecar.facts import Local
 from tiering.sidecar.leadership import check_still_leading
 from tiering.sidecar.writer import PartitionWriter
+from tiering_core.crash_points import crash_point
 from tiering_core.errors import FormatError, TieringError
 from tiering_core.logs import get_logger
 from tiering_core.objects import SegmentRef
@@ -77,6 +78,7 @@ def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, 
     if not writer.publish(writer.segment_record(ref, SegmentState.COPY_SEGMENT_STARTED, end, seg.max_timestamp,
                                                 seg.size)):  # fmt: skip
         return False
+    crash_point("copy.started")
     if _copied_meanwhile(writer, end):
         # Another leader's copy of these offsets finished before our STARTED was applied (a deposed leader's
         # in-flight copy, or a late WAL write): uploading would only make a duplicate. Anything that leader
@@ -95,6 +97,7 @@ def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, 
         ctx.metrics.copy_errors.labels(**labels).inc()
         abandon(writer, ref, end, seg)
         raise CopyFailed(message) from exc
+    crash_point("copy.manifest_written")
     if ctx.leases is not None and not ctx.leases.is_held(writer.scope.topic_id, writer.scope.partition):
         # the new holder's sweeper removes the STARTED copy
         raise TieringError(f"{writer.name}: lease lost during the copy; not finishing it")
@@ -109,6 +112,7 @@ def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, 
                                      manifest.log_size)  # fmt: skip
     if not writer.publish(finished):
         return False  # fenced or swept: whoever owns the partition now removes the objects
+    crash_point("copy.finished")
     ctx.metrics.copy_bytes.labels(**labels).inc(manifest.log_size)
     ctx.metrics.copy_segments.labels(**labels).inc()
     log.info(

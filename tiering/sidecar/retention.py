@@ -18,6 +18,7 @@ from tiering.policy import (
 )
 from tiering.sidecar.facts import Local, PartitionFacts
 from tiering.sidecar.writer import PartitionWriter
+from tiering_core.crash_points import crash_point
 from tiering_core.errors import ConfigError, TieringError
 from tiering_core.logs import get_logger
 
@@ -65,7 +66,9 @@ def apply_local_retention(writer: PartitionWriter, local: Local, offsets: Partit
     check_remote_holds(writer, max(offsets.lx, offsets.rx or 0), target)
     if target > writer.log_starts().local and not writer.publish_log_start(LogStartKind.LOCAL_LOG_START, target):
         return  # fenced, or our view was behind the WAL: decide again on the next tick
+    crash_point("local_retention.recorded")
     new_start = ctx.cluster.delete_records_before(writer.scope.topic, writer.scope.partition, target)
+    crash_point("local_retention.deleted")
     ctx.metrics.local_deleted_offsets.labels(**writer.scope.labels).inc(max(0, new_start - offsets.lx))
     log.info("local retention advanced the log start offset", topic=writer.scope.topic,
              partition=writer.scope.partition, log_start_offset=new_start, remote_end_offset=offsets.ry)  # fmt: skip

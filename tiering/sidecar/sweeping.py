@@ -14,6 +14,7 @@ from segment_fsm import SegmentState
 from tiering.policy import PartitionOffsets
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.writer import PartitionWriter
+from tiering_core.crash_points import crash_point
 from tiering_core.logs import get_logger
 from tiering_core.objects import parse_key, partition_prefixes
 
@@ -53,6 +54,7 @@ def sweep(writer: PartitionWriter, offsets: PartitionOffsets) -> None:
                 orphans.append(key)
     if orphans:
         log.warning("deleting orphan objects", topic=topic, partition=partition, count=len(orphans))
+        crash_point("sweep.orphans")
         ctx.store.delete(orphans)
 
 
@@ -69,6 +71,7 @@ def abort_stale_uploads(ctx: SidecarContext) -> None:
     now = ctx.now_ms()
     stale = [u for u in ctx.store.incomplete_uploads(f"{ctx.prefix}/") if now - u.initiated_ms > max_age_ms]
     for upload in stale:
+        crash_point("sweep.upload_abort")
         ctx.store.abort_upload(upload)
         ctx.metrics.uploads_aborted.inc()
     if stale:

@@ -16,6 +16,7 @@ from metadata.partition import RemoteSegment
 from segment_fsm import LogStartKind, LogStarts, PartitionDeleteState, SegmentState
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.retry import Scope
+from tiering_core.crash_points import crash_point
 from tiering_core.logs import get_logger
 from tiering_core.objects import SegmentRef, partition_prefixes
 from tiering_core.stores.base import RemoteStoreError
@@ -99,11 +100,13 @@ class PartitionWriter:
             record(SegmentState.DELETE_SEGMENT_STARTED)
         ):
             return False
+        crash_point("delete.started")
         try:
             self.ctx.copier.delete(ref)
         except RemoteStoreError:
             self.ctx.metrics.delete_errors.labels(**self.scope.labels).inc()
             raise
+        crash_point("delete.objects_deleted")
         return self.publish(record(SegmentState.DELETE_SEGMENT_FINISHED))
 
     def undeleted_copies(self) -> list[RemoteSegment]:
