@@ -161,3 +161,26 @@ def test_fetch_all_remote_needs_no_broker_request_and_holes_move_to_the_log_star
     assert quick.unconfirmed
     confirmed = FetchPlan.make(17, fetch_request(17, {0: 120}), FakeView(hole=True), True)  # type: ignore[arg-type]
     assert [int(p.fetch_offset) for t in confirmed.upstream.topics for p in t.partitions] == [100]
+
+
+class _Copy:
+    def __init__(self, epochs: list[tuple[int, int]]) -> None:
+        from tiering_core.formats import EpochEntry
+
+        self.epochs = tuple(EpochEntry(e, o) for e, o in epochs)
+
+
+def test_offset_for_leader_epoch_from_the_copies_checkpoints() -> None:
+    """Kafka's endOffsetFor over the oldest and newest copies' checkpoints: an epoch that ended inside the
+    remote data ends where the next one starts; the last remote epoch is left to the broker."""
+    from reader.proxy.tiered import TieredView
+
+    view = TieredView.__new__(TieredView)
+    oldest, newest = _Copy([(0, 0), (2, 100)]), _Copy([(2, 100), (5, 400), (7, 900)])
+    view.remote_range = lambda topic, partition, current=False: (0, 800)  # type: ignore[method-assign]
+    view._locate = lambda topic, partition, offset: oldest if offset == 0 else newest  # type: ignore[method-assign]
+    assert view.end_offset_for_epoch("t", 0, 0) == (0, 100)
+    assert view.end_offset_for_epoch("t", 0, 1) == (0, 100)  # no epoch 1: the one before it, ended at 100
+    assert view.end_offset_for_epoch("t", 0, 2) == (2, 400)
+    assert view.end_offset_for_epoch("t", 0, 5) is None  # epoch 7 starts past the remote end: the broker knows
+    assert view.end_offset_for_epoch("t", 0, 9) is None
