@@ -71,7 +71,8 @@ def test_catalog_follows_only_the_topics_wal_partitions(tiered: TieredTopic) -> 
         assert [c.segment_id for c in copies] == [s.segment_id for s in finished]
         rx, ry = catalog.remote_offsets(tiered.topic, 0)
         assert rx == 0 and ry is not None and ry >= tiered.log_start() - 1
-        assert catalog.copy_for_offset(tiered.topic, 0, ry) == copies[-1] or copies[-1].end_offset >= ry
+        assert copies[-1].end_offset == ry and catalog.copy_for_offset(tiered.topic, 0, ry) == copies[-1]
+        assert [c.base_offset for c in copies] == [rx] + [c.end_offset + 1 for c in copies[:-1]], "a gap or overlap"
         assert not catalog.download_paused(tiered.topic)
 
 
@@ -172,6 +173,11 @@ def test_disk_cache_serves_a_second_read_without_store_requests(tiered: TieredTo
             log_requests = reader.fetcher.requests - 2 * len(copies)  # minus manifests and indexes
             if attempt == 0:
                 assert log_requests >= len(copies)
+                offsets = [r.offset for r in records]
+                assert offsets == list(range(len(records))) and offsets[-1] >= copies[-1].end_offset, "a gap or twice"
+                for r in records:
+                    if r.offset in tiered.produced:
+                        assert (r.key, r.value, list(r.headers)) == tiered.produced[r.offset], f"offset {r.offset}"
                 first_pass = records
             else:
                 assert log_requests == 0, "windows were downloaded again instead of read from the disk cache"
