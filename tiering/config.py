@@ -108,7 +108,11 @@ class SidecarSettings(BaseSettings):
             for key in ("node.id", "broker.id"):
                 if key in props:
                     return int(props[key])
-        raise ConfigError(f"broker_id is not set and no meta.properties with node.id in {self.log_dirs}")
+        dirs = ", ".join(str(d) for d in self.log_dirs) or "(none)"
+        raise ConfigError(
+            f"broker_id is not set and no meta.properties with node.id in log_dirs {dirs}: set broker_id "
+            "(TIERING_BROKER_ID) or log_dirs to the broker's log.dirs"
+        )
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> SidecarSettings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import ValidationError
 from pydantic_settings import (
     BaseSettings,
@@ -49,6 +50,8 @@ def load_settings_file(cls: type[S], config_file: Path | None, what: str, **over
 
     try:
         return cls.model_validate(_FromFile(**overrides).model_dump())
+    except yaml.YAMLError as exc:  # a file that is not YAML: where it breaks, in the parser's words
+        raise ConfigError(f"invalid {what}: {config_file} is not valid YAML: {_yaml_problem(exc)}") from None
     except (ValueError, SettingsError) as exc:  # pydantic's ValidationError is a ValueError
         where = f" in {config_file}" if config_file else ""
         raise ConfigError(f"invalid {what}{where}:\n{_describe(exc)}") from None  # the cause holds the values
@@ -61,6 +64,20 @@ def _describe(exc: Exception) -> str:
         return f"  {exc}"
     lines = []
     for error in exc.errors(include_url=False, include_input=False, include_context=False):
-        where = ".".join(str(part) for part in error["loc"]) or "(the configuration)"
-        lines.append(f"  {where}: {error['msg']}")
+        loc = [str(part) for i, part in enumerate(error["loc"]) if i == 0 or error["loc"][i - 1] not in _TAGGED]
+        where = ".".join(loc) or "(the configuration)"
+        lines.append(f"  {where}: {'unknown setting' if error['type'] == 'extra_forbidden' else error['msg']}")
     return "\n".join(lines)
+
+
+# Sections whose models are a union told apart by ``kind``: pydantic puts the kind in the error's location
+# (remote_storage.s3.buckt), which is not where the user wrote the key (remote_storage.buckt).
+_TAGGED = {"remote_storage"}
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's complaint and its line and column, on one line."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())

@@ -47,7 +47,10 @@ def settings_from(config_file: Path | None) -> SidecarSettings:
 @contextmanager
 def admin_context(config_file: Path | None) -> Iterator[SidecarContext]:
     """A started metadata manager (recovered, following the WAL) for one CLI command."""
-    ctx = SidecarContext.build(settings_from(config_file), writes_snapshots=False)
+    try:
+        ctx = SidecarContext.build(settings_from(config_file), writes_snapshots=False)
+    except TieringError as exc:  # no broker id in meta.properties, a store that cannot be set up...
+        raise click.ClickException(str(exc)) from exc
     try:
         ctx.manager.start()
         yield ctx

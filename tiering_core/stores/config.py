@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class S3StoreConfig(BaseModel):
     """An S3 bucket (AWS or any S3-compatible server)."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo (buckt) is named, not silently dropped
 
     kind: Literal["s3"] = "s3"
     bucket: str
@@ -34,6 +36,8 @@ class S3StoreConfig(BaseModel):
 
 class FileSystemStoreConfig(BaseModel):
     """A directory (a mounted NFS/object gateway, or the embedded default for trials)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["filesystem"] = "filesystem"
     root: Path
