@@ -52,22 +52,42 @@ def topic() -> None:
     """Enable, pause, resume or roll back tiered storage of a topic, and show its status."""
 
 
+def _retention_options(default: int | None, unset: str) -> Any:
+    """--local-retention-ms and --local-retention-bytes, as ``enable`` and ``alter`` take them."""
+    ms = click.option(
+        "--local-retention-ms", type=click.IntRange(-2), default=default, show_default=default is not None,
+        help="local.retention.ms: how long data stays on the broker's disk once uploaded (-2: same as "
+        f"retention.ms, -1: unlimited){unset}.",
+    )  # fmt: skip
+    size = click.option(
+        "--local-retention-bytes", type=click.IntRange(-2), default=default, show_default=default is not None,
+        help=f"local.retention.bytes per partition on the broker's disk (-2: same as retention.bytes, -1: unlimited)"
+        f"{unset}.",
+    )  # fmt: skip
+    return lambda f: ms(size(f))
+
+
+def _checked_retention(info: TopicInfo, local_retention_ms: int, local_retention_bytes: int) -> None:
+    """Refuse (exit 1) a local retention above the topic's total retention.ms / retention.bytes."""
+    try:
+        RetentionSettings(
+            retention_ms=info.config_int("retention.ms", 7 * 24 * 3600 * 1000),
+            retention_bytes=info.config_int("retention.bytes", -1),
+            local_retention_ms=local_retention_ms,
+            local_retention_bytes=local_retention_bytes,
+        )
+    except ConfigError as exc:
+        raise click.ClickException(f"topic {info.name}: {exc}") from exc
+
+
+def _total_retention(info: TopicInfo) -> str:
+    total_ms, total_bytes = info.configs.get("retention.ms", "default"), info.configs.get("retention.bytes", "-1")
+    return f"the total retention stays retention.ms={total_ms}, retention.bytes={total_bytes}"
+
+
 @topic.command()
 @click.argument("name")
-@click.option(
-    "--local-retention-ms",
-    type=click.IntRange(-2),
-    default=-2,
-    show_default=True,
-    help="local.retention.ms: how long data stays on the broker's disk once uploaded (-2: same as retention.ms).",
-)
-@click.option(
-    "--local-retention-bytes",
-    type=click.IntRange(-2),
-    default=-2,
-    show_default=True,
-    help="local.retention.bytes per partition on the broker's disk (-2: same as retention.bytes).",
-)
+@_retention_options(-2, "")
 @config_option
 def enable(name: str, local_retention_ms: int, local_retention_bytes: int, config_file: Path | None) -> None:
     """Start tiering topic NAME: upload rolled segments, keep only the local retention on disk.
@@ -75,6 +95,7 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
     The topic's retention.ms / retention.bytes are not changed: they stay the total retention.
     Refused: internal topics (names starting with __, the metadata WAL), Kafka Streams' internal topics
     (-changelog, -repartition), compacted topics, and a local retention above the total.
+    To change the local retention later, use ``tiering topic alter``.
     """
     metadata_topic = settings_from(config_file).metadata_topic
     reason = name_refusal(name, metadata_topic)  # before any lookup: __cluster_metadata is not even listed
@@ -85,29 +106,50 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
         reason = refusal(info, metadata_topic)
         if reason is not None:
             raise click.ClickException(reason)
-        try:
-            RetentionSettings(
-                retention_ms=info.config_int("retention.ms", 7 * 24 * 3600 * 1000),
-                retention_bytes=info.config_int("retention.bytes", -1),
-                local_retention_ms=local_retention_ms,
-                local_retention_bytes=local_retention_bytes,
-            )
-        except ConfigError as exc:
-            raise click.ClickException(f"topic {name}: {exc}") from exc
+        _checked_retention(info, local_retention_ms, local_retention_bytes)
         state = ctx.manager.tiering(info.topic_id)  # this incarnation of the name, not an older one
         if state is not None and state.enabled:
             click.echo(
                 f"tiering is already enabled for {name} (local.retention.ms={state.local_retention_ms}, "
-                f"local.retention.bytes={state.local_retention_bytes}); nothing changed"
+                f"local.retention.bytes={state.local_retention_bytes}); nothing changed (to change the local "
+                f"retention: tiering topic alter {name})"
             )
             return
         _publish_topic(ctx, info, TopicAction.ENABLE, local_retention_ms=local_retention_ms,
                        local_retention_bytes=local_retention_bytes)  # fmt: skip
-        total_ms, total_bytes = info.configs.get("retention.ms", "default"), info.configs.get("retention.bytes", "-1")
         click.echo(
             f"enabled tiering for {name} ({len(info.partitions)} partitions): local.retention.ms={local_retention_ms}, "
-            f"local.retention.bytes={local_retention_bytes}; the total retention stays retention.ms={total_ms}, "
-            f"retention.bytes={total_bytes}"
+            f"local.retention.bytes={local_retention_bytes}; {_total_retention(info)}"
+        )
+
+
+@topic.command()
+@click.argument("name")
+@_retention_options(None, " (default: unchanged)")
+@config_option
+def alter(name: str, local_retention_ms: int | None, local_retention_bytes: int | None,
+          config_file: Path | None) -> None:  # fmt: skip
+    """Change the local retention of tiered topic NAME (validated as ``enable`` does).
+
+    A setting not given stays as it is; the topic's retention.ms / retention.bytes are not changed.
+    """
+    if local_retention_ms is None and local_retention_bytes is None:
+        raise click.UsageError("give --local-retention-ms and/or --local-retention-bytes")
+    with admin_context(config_file) as ctx:
+        info = _topic_info(ctx, name)
+        state = ctx.manager.tiering(info.topic_id)
+        if state is None or not state.enabled:
+            raise click.ClickException(f"tiering is not enabled for {name}: run tiering topic enable {name} first")
+        ms = state.local_retention_ms if local_retention_ms is None else local_retention_ms
+        size = state.local_retention_bytes if local_retention_bytes is None else local_retention_bytes
+        _checked_retention(info, ms, size)
+        if (ms, size) == (state.local_retention_ms, state.local_retention_bytes):
+            click.echo(f"{name}: local.retention.ms={ms}, local.retention.bytes={size} already; nothing changed")
+            return
+        _publish_topic(ctx, info, TopicAction.UPDATE_RETENTION, local_retention_ms=ms, local_retention_bytes=size)
+        click.echo(
+            f"{name}: local.retention.ms {state.local_retention_ms} -> {ms}, local.retention.bytes "
+            f"{state.local_retention_bytes} -> {size}; {_total_retention(info)}"
         )
 
 
