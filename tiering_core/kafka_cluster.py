@@ -67,13 +67,21 @@ _TOPIC_CONFIGS = (
 )
 
 
-def _wait(future: Future, what: str, timeout: float) -> Any:
+def kafka_error_text(error: object) -> str:
+    """A KafkaError as a sentence, "Broker: Unknown topic or partition (UNKNOWN_TOPIC_OR_PART)", instead of
+    its repr "KafkaError{code=UNKNOWN_TOPIC_OR_PART,val=3,str=...}"; anything else as str()."""
+    if isinstance(error, KafkaError):
+        return f"{error.str()} ({error.name()})"
+    return str(error)
+
+
+def _wait(future: Future, what: str, timeout: float, bootstrap: str) -> Any:
     try:
         return future.result(timeout=timeout)
     except KafkaException as exc:
-        raise KafkaClusterError(f"{what}: {exc.args[0]}") from exc
+        raise KafkaClusterError(f"could not {what} (Kafka at {bootstrap}): {kafka_error_text(exc.args[0])}") from exc
     except TimeoutError as exc:
-        raise KafkaClusterError(f"{what}: no answer within {timeout:.0f}s") from exc
+        raise KafkaClusterError(f"could not {what} (Kafka at {bootstrap}): no answer within {timeout:.0f}s") from exc
 
 
 def kafka_topic_id(text: str) -> str:
@@ -120,8 +128,8 @@ class KafkaCluster:
         result: dict[str, TopicInfo] = {}
         for resource, future in configs.items():
             name = resource.name
-            desc = _wait(described[name], f"describe topic {name}", self.timeout)
-            entries = _wait(future, f"describe configs of topic {name}", self.timeout)
+            desc = _wait(described[name], f"describe topic {name}", self.timeout, self.bootstrap)
+            entries = _wait(future, f"describe configs of topic {name}", self.timeout, self.bootstrap)
             result[name] = TopicInfo(
                 name=name,
                 topic_id=kafka_topic_id(str(desc.topic_id)),
@@ -207,7 +215,7 @@ class KafkaCluster:
         found = {}
         for tp, future in futures.items():
             what = f"list offsets of {tp.topic}-{tp.partition}"
-            info = found[(tp.topic, tp.partition)] = _wait(future, what, self.timeout)
+            info = found[(tp.topic, tp.partition)] = _wait(future, what, self.timeout, self.bootstrap)
             if info.offset < 0:  # a request that timed out answers OFFSET_INVALID (-1001), not an error
                 raise KafkaClusterError(f"{what}: no answer within {self.timeout:.0f}s")
         return found
@@ -220,5 +228,5 @@ class KafkaCluster:
         """
         futures = self.admin.delete_records([TopicPartition(topic, partition, offset)], request_timeout=self.timeout)
         (future,) = futures.values()
-        deleted = _wait(future, f"delete records of {topic}-{partition} before {offset}", self.timeout)
+        deleted = _wait(future, f"delete records of {topic}-{partition} before {offset}", self.timeout, self.bootstrap)
         return int(deleted.low_watermark)

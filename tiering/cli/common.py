@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
+from confluent_kafka import KafkaException
 
 from tiering.config import SidecarSettings, load_settings
 from tiering.sidecar.context import SidecarContext
 from tiering_core.errors import TieringError
+from tiering_core.kafka_cluster import kafka_error_text
 
 config_option = click.option(
     "--config",
@@ -56,5 +58,9 @@ def admin_context(config_file: Path | None) -> Iterator[SidecarContext]:
         yield ctx
     except TieringError as exc:
         raise click.ClickException(str(exc)) from exc
+    except KafkaException as exc:  # a client call outside KafkaCluster's checks: a sentence, not KafkaError{...}
+        raise click.ClickException(
+            f"Kafka at {ctx.cluster.bootstrap} answered: {kafka_error_text(exc.args[0])}"
+        ) from exc
     finally:
         ctx.manager.close()

@@ -17,6 +17,7 @@ from reader import ReaderSettings, TieredConsumer, TieredMessage, load_reader_se
 from tiering.cli.common import config_option
 from tiering_core.errors import TieringError
 from tiering_core.kafka_client import client_properties
+from tiering_core.kafka_cluster import kafka_error_text
 from tiering_core.kafka_logs import kafka_logging
 
 # Without --timeout-ms: how long the cluster may take to answer the first metadata request.
@@ -99,7 +100,7 @@ def _start_offset(consumer: Consumer, bootstrap: str, topic: str, partition: int
         metadata = consumer.list_topics(topic, timeout=timeout_ms / 1000)
     except KafkaException as exc:
         raise click.ClickException(
-            f"cannot reach the Kafka cluster at {bootstrap} within {timeout_ms} ms: {exc.args[0].str()}"
+            f"cannot reach the Kafka cluster at {bootstrap} within {timeout_ms} ms: {kafka_error_text(exc.args[0])}"
         ) from None
     described = metadata.topics.get(topic)
     if described is None or described.error is not None:
@@ -118,7 +119,8 @@ def _start_offset(consumer: Consumer, bootstrap: str, topic: str, partition: int
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_ms / 1000)
     except KafkaException as exc:
         raise click.ClickException(
-            f"cannot read the offsets of {topic}-{partition} from the broker at {bootstrap}: {exc.args[0].str()}"
+            f"cannot read the offsets of {topic} partition {partition} from Kafka at {bootstrap}: "
+            f"{kafka_error_text(exc.args[0])}"
         ) from None
     if offset > high:
         raise click.ClickException(f"offset {offset} is past the end of {topic}-{partition} (next offset: {high})")
@@ -234,6 +236,11 @@ def consume(topic: str, from_beginning: bool, offset: str | int | None, partitio
                     failing = None
     except TieringError as exc:
         raise click.ClickException(str(exc)) from exc
+    except KafkaException as exc:
+        where = f"{topic}" if partition is None else f"{topic} partition {partition}"
+        raise click.ClickException(
+            f"cannot read {where} from Kafka at {settings.bootstrap_servers}: {kafka_error_text(exc.args[0])}"
+        ) from None
     except KeyboardInterrupt:
         pass
     finally:
