@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from deploy.stack import Endpoints
 from tests.conftest import create_topic
 from tests.integration.test_cli_logging import lines, tiering
+from tests.reader_harness import tiered_topic
 from tests.sidecar_harness import write_config
 
 pytestmark = pytest.mark.integration
@@ -83,3 +84,21 @@ def test_consume_json_prints_one_object_per_record_with_encodings(stack: Endpoin
          "source": "broker"},
     ]  # fmt: skip
     assert lines(result.stderr)[-1] == "Processed a total of 2 messages"
+
+
+def test_consume_without_the_remote_store_exits_1_instead_of_looping(stack: Endpoints, tmp_path: Path) -> None:
+    """Given only --bootstrap-server, the reader looks for the copies in the default filesystem store, where
+    they are not: one line naming the partition and the store, exit 1 (it printed "remote object missing"
+    twice a poll, forever)."""
+    with tiered_topic(stack, tmp_path) as tiered:
+        env = {"TIERING_METADATA_TOPIC": tiered.ctx.settings.metadata_topic}  # as the default WAL of a real cluster
+        started = time.monotonic()
+        result = tiering("consume", tiered.topic, "--bootstrap-server", stack.bootstrap, "--from-beginning",
+                         "--timeout-ms", "10000", env=env)  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert time.monotonic() - started < 90
+        assert result.stdout == ""
+        line = lines(result.stderr)[-1]
+        assert line.startswith(
+            f"Error: cannot read {tiered.topic} partition 0 (brokers {stack.bootstrap}, remote storage filesystem): "
+        ), line
