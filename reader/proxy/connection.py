@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from reader.proxy import answers
 from reader.proxy.fetch import FETCH, FetchPlan
+from reader.proxy.frames import FrameProtocol
 from reader.proxy.protocol import (
     ProtocolError,
     can_parse,
@@ -39,6 +40,7 @@ from reader.proxy.protocol import (
     response_type,
 )
 from reader.proxy.routing import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE
+from tiering_core.errors import TieringError
 from tiering_core.logs import get_logger
 
 if TYPE_CHECKING:
@@ -47,8 +49,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
 _SIZE = struct.Struct(">i")
-UPSTREAM_MAX_FRAME = (1 << 31) - 1
-Finish = Callable[[bytes | None], Awaitable[bytes | memoryview | None]]
+Finish = Callable[[bytearray | None], Awaitable[bytes | memoryview | None]]
 
 
 class ConnectionClosed(Exception):
@@ -105,8 +106,7 @@ class ClientConnection:
         self.node_id = node_id
         self.peer = str(writer.get_extra_info("peername"))
         self.slots: asyncio.Queue[Slot | None] = asyncio.Queue(self.settings.max_in_flight)
-        self.up_reader: asyncio.StreamReader | None = None
-        self.up_writer: asyncio.StreamWriter | None = None
+        self.upstream: FrameProtocol | None = None
 
     async def serve(self) -> None:
         tasks = [asyncio.create_task(self._read_requests()), asyncio.create_task(self._write_answers())]
@@ -120,7 +120,7 @@ class ClientConnection:
             self.server.metrics.closed_bad.labels(exc.reason).inc()
             level = log.info if exc.reason in ("idle", "broker closed") else log.warning
             level("client connection closed", client=self.peer, reason=str(exc))
-        except (ConnectionError, ProtocolError, OSError) as exc:
+        except (ConnectionError, OSError, TieringError) as exc:  # a bad frame, the broker gone or unreachable
             self.server.metrics.closed_bad.labels("error").inc()
             log.warning("client connection closed", client=self.peer, reason=str(exc))
         except Exception:
@@ -129,11 +129,11 @@ class ClientConnection:
         finally:
             for task in tasks:
                 task.cancel()
-            for w in (self.up_writer, self.client_writer):
-                if w is not None:
-                    w.close()
-                    with contextlib.suppress(Exception):
-                        await w.wait_closed()
+            if self.upstream is not None:
+                self.upstream.close()
+            self.client_writer.close()
+            with contextlib.suppress(Exception):
+                await self.client_writer.wait_closed()
 
     # -- requests -------------------------------------------------------------------------------
     async def _read_requests(self) -> None:
@@ -186,14 +186,20 @@ class ClientConnection:
                 frame = request_frame(head, frame, plan.upstream)
             await self._forward(frame)
 
-        async def finish(answer: bytes | None) -> bytes | None:
+        async def finish(answer: bytearray | None) -> bytes | memoryview | None:
             if remote is not None:
                 await remote
             if answer is None:
                 body, changed = plan.local_answer(), True
             else:
                 body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
-                body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
+                if plan.out_of_range(body):  # maybe served from remote: the catalog may block
+                    body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
+                elif plan.remote:
+                    body, changed = plan.merge(body, server.view)
+                else:
+                    plan.observe(body, server.view)
+                    changed = False
                 rewritten = server.router.rewrite(FETCH, body)
                 changed = changed or rewritten is not body
                 body = rewritten
@@ -206,7 +212,7 @@ class ClientConnection:
                     "remote" if plan.remote else "broker")  # fmt: skip
 
     def _rewriting(self, api_key: int, version: int, correlation_id: int) -> Finish:
-        async def finish(answer: bytes | None) -> bytes | None:
+        async def finish(answer: bytearray | None) -> bytes | memoryview | None:
             assert answer is not None
             start = response_body_start(answer, api_key, version)
             try:
@@ -231,7 +237,7 @@ class ClientConnection:
     def _completing(self, api_key: int, version: int, correlation_id: int, request: Any) -> Finish:
         complete = answers.list_offsets if api_key == LIST_OFFSETS else answers.offset_for_leader_epoch
 
-        async def finish(answer: bytes | None) -> bytes | None:
+        async def finish(answer: bytearray | None) -> bytes | memoryview | None:
             assert answer is not None
             body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
             loop = asyncio.get_running_loop()
@@ -242,15 +248,12 @@ class ClientConnection:
 
     # -- the broker side ------------------------------------------------------------------------
     async def _connect(self) -> None:
-        if self.up_writer is not None:
-            return
-        self.up_reader, self.up_writer = await self.server.open_upstream(self.node_id)
+        if self.upstream is None:
+            self.upstream = await self.server.open_upstream(self.node_id)
 
     async def _forward(self, frame: bytes) -> None:
-        assert self.up_writer is not None
-        self.up_writer.write(_SIZE.pack(len(frame)))
-        self.up_writer.write(frame)
-        await self.up_writer.drain()
+        assert self.upstream is not None
+        await self.upstream.write(_SIZE.pack(len(frame)), frame)
 
     # -- answers --------------------------------------------------------------------------------
     async def _write_answers(self) -> None:
@@ -261,8 +264,8 @@ class ClientConnection:
                 return
             answer = None
             if slot.upstream:
-                assert self.up_reader is not None
-                answer = await read_frame(self.up_reader, UPSTREAM_MAX_FRAME, None, 300.0, "the broker")
+                assert self.upstream is not None
+                answer = await self.upstream.next_frame()
                 if answer is None:
                     raise ConnectionClosed("broker closed", f"broker of node {self.node_id} closed the connection")
                 (correlation_id,) = _SIZE.unpack_from(answer, 0)

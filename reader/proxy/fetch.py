@@ -152,6 +152,21 @@ class FetchPlan:
         return build(response, throttle_time=NO_WAIT, error_code=ErrorCode.none, session_id=i32(0),
                      responses=self._remote_topics(topic_type), node_endpoints=())  # fmt: skip
 
+    def out_of_range(self, broker: Any) -> bool:
+        """The broker answered OFFSET_OUT_OF_RANGE for a partition of a known topic (the remote copies may
+        hold it: ``merge`` then blocks on the catalog, run it off the event loop)."""
+        return any(p.error_code == ErrorCode.offset_out_of_range for t in broker.responses for p in t.partitions)
+
+    def observe(self, broker: Any, view: TieredView) -> None:
+        """Learn the broker's offsets from its answer (all ``merge`` does when nothing changes)."""
+        for t in broker.responses:
+            key = t.topic_id if self.version >= 13 else t.topic
+            for p in t.partitions:
+                name = self.offsets.get((key, int(p.partition_index)), (None, -1))[0]
+                if name is not None and p.error_code == ErrorCode.none:
+                    view.observe(name, int(p.partition_index), int(getattr(p, "log_start_offset", -1)),
+                                 int(p.high_watermark), int(p.last_stable_offset))  # fmt: skip
+
     def merge(self, broker: Any, view: TieredView) -> tuple[Any, bool]:
         """The broker's answer with the remote partitions added and OFFSET_OUT_OF_RANGE partitions the
         remote copies hold answered from them; learns the broker's offsets. Returns (answer, changed)."""

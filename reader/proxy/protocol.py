@@ -144,10 +144,12 @@ def _skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
     return pos
 
 
-def parse(entity_type: type, frame: bytes | memoryview, start: int) -> Any:
-    """A body of ``entity_type`` from ``start`` to the frame's end; ProtocolError if it does not parse."""
+def parse(entity_type: type, frame: bytes | bytearray | memoryview, start: int) -> Any:
+    """A body of ``entity_type`` from ``start`` to the frame's end; ProtocolError if it does not parse.
+    (kio reads read-only buffers only: a frame received into a bytearray is viewed read-only, not copied.)"""
+    buffer = frame if isinstance(frame, bytes) else memoryview(frame).toreadonly()
     try:
-        entity, _size = entity_reader(entity_type)(frame, start)
+        entity, _size = entity_reader(entity_type)(buffer, start)
     except Exception as exc:  # kio raises ValueError, struct errors, UnexpectedEOF... on bad input
         raise ProtocolError(f"cannot parse {entity_type.__name__} v{entity_type.__version__}: {exc}") from exc
     return entity

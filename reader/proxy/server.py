@@ -23,6 +23,7 @@ from reader.catalog import MetadataCatalog
 from reader.proxy.config import ProxySettings
 from reader.proxy.connection import ClientConnection
 from reader.proxy.fetch import FetchPlan
+from reader.proxy.frames import FrameProtocol
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.routing import Router
 from reader.proxy.tiered import TieredView
@@ -39,6 +40,7 @@ log = get_logger(__name__)
 # 1.7 ms of CPU per answer). A send buffer that holds whole answers (the kernel caps it at wmem_max)
 # lets the first send() take all of it.
 SEND_BUFFER = 4 << 20
+UPSTREAM_MAX_FRAME = (1 << 31) - 1  # the broker's answers are bounded by what clients ask (fetch.max.bytes)
 
 
 class UpstreamUnavailable(TieringError):
@@ -174,7 +176,7 @@ class ProxyServer:
 
         return handle
 
-    async def open_upstream(self, node: int | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def open_upstream(self, node: int | None) -> FrameProtocol:
         """A connection to ``node``'s broker (to any bootstrap broker for the bootstrap port)."""
         if node is None:
             targets = list(self.router.bootstrap)
@@ -189,13 +191,15 @@ class ProxyServer:
                 raise UpstreamUnavailable(f"broker {node} is not in the cluster's metadata")
             targets = [address]
         errors = []
+        loop = asyncio.get_running_loop()
         for host, port in targets:
             try:
                 async with asyncio.timeout(self.settings.proxy.upstream_connect_timeout_seconds):
-                    return await asyncio.open_connection(
-                        host, port, ssl=self.upstream_ssl, limit=1 << 20,
+                    _, protocol = await loop.create_connection(
+                        lambda: FrameProtocol(UPSTREAM_MAX_FRAME), host, port, ssl=self.upstream_ssl,
                         server_hostname=host if self.upstream_ssl else None,
                     )  # fmt: skip
+                    return protocol
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{host}:{port}: {exc or 'timed out'}")
         raise UpstreamUnavailable(f"no broker reachable for node {node}: {'; '.join(errors)}")

@@ -47,8 +47,10 @@ class ProxyProcess:
                              "broker_ports": {n: free_port() for n in node_ids}}  # fmt: skip
         self.config = config.with_name(f"proxy-{self.port}.yaml")
         self.config.write_text(yaml.safe_dump(settings))
-        self.proc = subprocess.Popen([sys.executable, "-m", "tiering", "--log-level", "WARNING", "proxy", "serve",
-                                      "--config", str(self.config)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.log = self.config.with_suffix(".log")
+        with self.log.open("w") as log:  # a file, not a pipe: nobody reads a pipe while the benchmark runs
+            self.proc = subprocess.Popen([sys.executable, "-m", "tiering", "--log-level", "WARNING", "proxy", "serve",
+                                          "--config", str(self.config)], stderr=log)  # fmt: skip
         self.watched = psutil.Process(self.proc.pid)
         self.peak = 0
         self._stop = threading.Event()
