@@ -1,6 +1,6 @@
 """The TieredConsumer's bad input and faults on the real stack: below the remote start, a deleted or
-corrupted object, the store down, download paused. Errors are events naming the object; never a wrong
-record; reading resumes where it stopped."""
+corrupted object, the store down or throttling, download paused. Errors are events naming the object; never a
+wrong record; reading resumes where it stopped."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from reader import RemoteReader, TieredConsumer, TieredMessage
 from tests.conftest import create_topic, set_topic_config
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import TieredTopic, expected, tiered_topic
+from tests.s3_fault_proxy import RESET, SLOW_DOWN, S3FaultProxy
 from tests.sidecar_harness import wait_for
 from tiering.cli.main import main
 
@@ -131,6 +132,24 @@ def test_store_down_gives_bounded_retries_then_an_error_and_reading_resumes(tier
             assert (messages + more + rest)[-1].offset() >= ry
     finally:
         proxy.close()
+
+
+def test_a_throttling_store_is_retried_and_every_offset_delivered_once(tiered: TieredTopic, stack: Endpoints) -> None:
+    """Every distinct GET's answer cut mid-body, then 503 SlowDown twice: the presigned ranged GETs are retried
+    (``read_attempts``: the 4th gets it), no error event, every offset of the topic delivered once, byte for byte."""
+    with S3FaultProxy(stack.s3.endpoint_url) as proxy:
+        storage = tiered.reader_settings().remote_storage.model_copy(update={"endpoint_url": proxy.endpoint_url})
+        with consumer(tiered, remote_storage=storage.model_dump(), read_attempts=4, read_retry_backoff_seconds=0.01,
+                      fetch_window_bytes=64 * 1024) as c:  # fmt: skip
+            c.assign([TopicPartition(tiered.topic, 0, 0)])
+            messages, errors = read_until(c, 100)  # the metadata is read and reading has begun
+            proxy.throttle("GetObject", RESET, SLOW_DOWN, SLOW_DOWN)
+            more, more_errors = read_until(c, max(tiered.produced), timeout=240)
+        assert not errors and not more_errors, (errors + more_errors)[0].error()
+        check_records(tiered, messages + more)
+        assert [m.offset() for m in messages + more] == sorted(tiered.produced), "offsets skipped or repeated"
+        assert proxy.injected[("GetObject", SLOW_DOWN.name)] >= 2 * proxy.injected[("GetObject", RESET.name)] >= 20
+        assert proxy.presigned["GetObject"] >= 30, "the ranged GETs did not go through SigV4 presigned URLs"
 
 
 def test_pause_download_stops_remote_reads_until_resumed(tiered: TieredTopic) -> None:

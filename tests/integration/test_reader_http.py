@@ -33,6 +33,7 @@ from reader import RemoteReader
 from tests.conftest import create_topic, set_topic_config
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import LOCAL_RETENTION, SEGMENT, TieredTopic, expected, tiered_topic
+from tests.s3_fault_proxy import RESET, SLOW_DOWN, S3FaultProxy
 from tests.sidecar_harness import Produced, produce_mixed, wait_for
 from tiering.cli.main import main
 
@@ -369,6 +370,28 @@ def test_store_down_gives_bounded_retries_then_503_and_reads_resume(
     finally:
         service.stop()
         proxy.close()
+
+
+def test_a_throttling_store_is_retried_and_every_offset_served(
+    tiered: Tiered, stack: Endpoints, tmp_path: Path
+) -> None:
+    """Every distinct GET's answer cut mid-body, then 503 SlowDown twice: the service's presigned ranged GETs are
+    retried (``read_attempts``: the 4th gets it) and the raw read from offset 0 is every record, byte for byte."""
+    with S3FaultProxy(stack.s3.endpoint_url) as proxy:
+        env = {"TIERING_REMOTE_STORAGE__ENDPOINT_URL": proxy.endpoint_url, "TIERING_READ_ATTEMPTS": "4",
+               "TIERING_READ_RETRY_BACKOFF_SECONDS": "0.01"}  # fmt: skip
+        service = start_service(tiered.topic.config, tmp_path / "service.log", **env)
+        try:
+            proxy.throttle("GetObject", RESET, SLOW_DOWN, SLOW_DOWN)
+            bodies, end = read_raw([service], tiered, "read_uncommitted", 200_000)
+        finally:
+            service.stop()
+    decoded = decode_independently(bodies)
+    assert sorted(decoded) == list(range(end["remote_end_offset"] + 1)), "offsets missing or extra"
+    for offset, (key, value, headers, control) in decoded.items():
+        assert control or (key, value, headers) == tiered.produced[offset], f"offset {offset} differs"
+    assert proxy.injected[("GetObject", SLOW_DOWN.name)] >= 2 * proxy.injected[("GetObject", RESET.name)] >= 20
+    assert proxy.presigned["GetObject"] >= 30, "the ranged GETs did not go through SigV4 presigned URLs"
 
 
 def topic_command(t: Tiered, command: str) -> None:

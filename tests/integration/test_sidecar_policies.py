@@ -33,8 +33,14 @@ def produce(bootstrap: str, topic: str, count: int, timestamp: int | None = None
     errors: list[object] = []
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 16384})
     for i in range(count):
-        producer.produce(topic, key=str(i).encode(), value=f"value-{i}-".encode() * 8, timestamp=timestamp or 0,
-                         on_delivery=lambda err, _msg: errors.append(err) if err else None)  # fmt: skip
+        while True:
+            try:
+                producer.produce(topic, key=str(i).encode(), value=f"value-{i}-".encode() * 8,
+                                 timestamp=timestamp or 0,
+                                 on_delivery=lambda err, _msg: errors.append(err) if err else None)  # fmt: skip
+                break
+            except BufferError:  # librdkafka's queue is full: let deliveries drain it
+                producer.poll(0.05)
         if i % 5000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0 and not errors, errors[:3]

@@ -29,6 +29,7 @@ from reader.spark.options import store_options
 from reader.spark.session import export_session
 from tests.conftest import create_topic
 from tests.export_readers import exported_rows
+from tests.s3_fault_proxy import RESET, SLOW_DOWN, S3FaultProxy
 from tests.sidecar_harness import Produced, produce_mixed, settings, wait_for, write_config
 from tiering.cli.main import main
 from tiering.config import SidecarSettings
@@ -177,6 +178,27 @@ def test_export_matches_what_was_produced_without_aborted_records(
     assert result.rows == len(expected)
     assert spark_digests(spark, str(tmp_path / fmt), fmt) == expected
     assert independent_digests(str(tmp_path / fmt), fmt) == expected
+
+
+def test_export_from_a_throttling_store_is_retried_and_skips_nothing(
+    tiered: Tiered, spark: SparkSession, stack: Endpoints, tmp_path: Path
+) -> None:
+    """Every distinct GET's answer cut mid-body then 503 SlowDown, every listing 503 SlowDown, on the driver and on
+    the executors: the S3 store retries them (max_attempts 2 in the tests: the GET is made again after the cut body,
+    botocore retries the 503), and the export is every committed record, once."""
+    with S3FaultProxy(stack.s3.endpoint_url) as proxy:
+        store = tiered.settings.remote_storage.model_copy(update={"endpoint_url": proxy.endpoint_url})
+        proxy.throttle("GetObject", RESET, SLOW_DOWN)
+        proxy.throttle("ListObjects", SLOW_DOWN)
+        result = run_export(spark, ExportRequest(topic=tiered.topic, format="parquet", path=str(tmp_path), store=store))
+    assert result.committed
+    (rng,) = result.ranges
+    assert rng.first == 0
+    expected = tiered.committed(rng.last)
+    assert result.rows == len(expected)
+    assert independent_digests(str(tmp_path), "parquet") == expected
+    assert proxy.injected[("GetObject", RESET.name)] == proxy.injected[("GetObject", SLOW_DOWN.name)] >= 10
+    assert proxy.injected[("ListObjects", SLOW_DOWN.name)] >= 1
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])

@@ -32,11 +32,15 @@ _UNAVAILABLE = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeo
 class S3Store:
     def __init__(self, config: S3StoreConfig) -> None:
         self.bucket = config.bucket
+        self.max_attempts = config.max_attempts
         self.endpoint = config.endpoint_url or f"s3://{config.bucket}"
         boto_config = Config(
             region_name=config.region,
+            # Said explicitly: botocore presigns S3 URLs (s3_ranges) with SigV2 unless SigV4 is configured, and AWS
+            # S3 refuses SigV2 for buckets created since June 2020 and in every region opened since 2014.
+            signature_version="s3v4",
             s3={"addressing_style": "path" if config.path_style else "auto"},
-            retries={"max_attempts": config.max_attempts, "mode": "standard"},
+            retries={"total_max_attempts": config.max_attempts, "mode": "standard"},  # botocore's max_attempts: retries
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             max_pool_connections=max(10, config.max_concurrency * 2),
@@ -121,16 +125,22 @@ class S3Store:
         self._call("put", key, lambda: self.client.put_object(**args, **self.sse))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        response = self._call(
-            "get",
-            key,
-            lambda: self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}"),
-        )
-        return bytes(self._call("read", key, response["Body"].read))
+        return self._get(key, Range=f"bytes={start}-{end}")
 
     def get_bytes(self, key: str) -> bytes:
-        response = self._call("get", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key))
-        return bytes(self._call("read", key, response["Body"].read))
+        return self._get(key)
+
+    def _get(self, key: str, **args: str) -> bytes:
+        """GET, and read the body; botocore retries the request but not a body cut off (a connection reset
+        half way), so that GET is made again, up to ``max_attempts`` times."""
+        for attempt in range(1, self.max_attempts + 1):
+            response = self._call("get", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key, **args))
+            try:
+                return bytes(self._call("read", key, response["Body"].read))
+            except StoreUnavailable:
+                if attempt == self.max_attempts:
+                    raise
+        raise AssertionError("unreachable")
 
     def head(self, key: str) -> int | None:
         try:
