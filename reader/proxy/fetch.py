@@ -62,8 +62,9 @@ class FetchPlan:
     max_wait_ms: int
     remote: list[RemotePart]
     upstream: Any | None  # the request for the broker, None when every partition is remote
-    offsets: dict[tuple[Any, int], tuple[str, int]] = field(default_factory=dict)  # (key, p) -> (name, offset)
+    offsets: dict[tuple[Any, int], tuple[str, int, int]] = field(default_factory=dict)  # (key, p) -> name, offset, max
     unconfirmed: bool = False  # a partition may be in a hole: make it again with confirm_holes (blocking)
+    served_remote: set[tuple[Any, int]] = field(default_factory=set)  # (key, p) the broker sent out of range
 
     @classmethod
     def make(cls, version: int, request: Any, view: TieredView, confirm_holes: bool = False) -> FetchPlan:
@@ -71,7 +72,7 @@ class FetchPlan:
         ``unconfirmed`` where a hole must be confirmed against the caught-up catalog (run that off the loop)."""
         by_id = version >= 13
         remote: list[RemotePart] = []
-        offsets: dict[tuple[Any, int], tuple[str, int]] = {}
+        offsets: dict[tuple[Any, int], tuple[str, int, int]] = {}
         unconfirmed = False
         topics = []
         for t in request.topics:
@@ -81,7 +82,7 @@ class FetchPlan:
             for p in t.partitions:
                 offset = int(p.fetch_offset)
                 if name is not None:
-                    offsets[(key, int(p.partition))] = (name, offset)
+                    offsets[(key, int(p.partition))] = (name, offset, int(p.partition_max_bytes))
                     if view.routes_remote(name, int(p.partition), offset):
                         remote.append(RemotePart(name, key, int(p.partition), offset, int(p.partition_max_bytes)))
                         continue
@@ -162,7 +163,7 @@ class FetchPlan:
         for t in broker.responses:
             key = t.topic_id if self.version >= 13 else t.topic
             for p in t.partitions:
-                name = self.offsets.get((key, int(p.partition_index)), (None, -1))[0]
+                name = self.offsets.get((key, int(p.partition_index)), (None, -1, 0))[0]
                 if name is not None and p.error_code == ErrorCode.none:
                     view.observe(name, int(p.partition_index), int(getattr(p, "log_start_offset", -1)),
                                  int(p.high_watermark), int(p.last_stable_offset))  # fmt: skip
@@ -177,7 +178,7 @@ class FetchPlan:
             key = t.topic_id if self.version >= 13 else t.topic
             parts = []
             for p in t.partitions:
-                name, offset = self.offsets.get((key, int(p.partition_index)), (None, -1))
+                name, offset, max_bytes = self.offsets.get((key, int(p.partition_index)), (None, -1, 0))
                 if name is None:
                     parts.append(p)
                     continue
@@ -185,16 +186,17 @@ class FetchPlan:
                     view.observe(name, int(p.partition_index), int(getattr(p, "log_start_offset", -1)),
                                  int(p.high_watermark), int(p.last_stable_offset))  # fmt: skip
                 elif p.error_code == ErrorCode.offset_out_of_range:
-                    served = self._out_of_range(view, name, int(p.partition_index), offset)
+                    served = self._out_of_range(view, name, int(p.partition_index), offset, max_bytes)
                     if served is not None:
                         p, changed = served, True
+                        self.served_remote.add((key, int(p.partition_index)))
                 parts.append(p)
             responses.append(dataclasses.replace(t, partitions=tuple(parts)))
         if self.remote:
             responses += self._remote_topics(topic_type)
         return dataclasses.replace(broker, responses=tuple(responses)), changed
 
-    def _out_of_range(self, view: TieredView, topic: str, partition: int, offset: int) -> Any | None:
+    def _out_of_range(self, view: TieredView, topic: str, partition: int, offset: int, max_bytes: int) -> Any | None:
         found = view.remote_range(topic, partition)
         if found is None or not found[0] <= offset <= found[1]:
             found = view.remote_range(topic, partition, current=True)  # the copy may be newer than the catalog
@@ -204,7 +206,7 @@ class FetchPlan:
             view.broker_offsets(topic, partition, fresh=True)  # the log start moved: learn where to
         except KafkaClusterError as exc:
             log.warning("asking the broker's offsets failed", topic=topic, partition=partition, error=str(exc))
-        return self._partition(view, topic, partition, offset, self.max_bytes)
+        return self._partition(view, topic, partition, offset, min(max_bytes, self.max_bytes))
 
     def _remote_topics(self, topic_type: type) -> list[Any]:
         grouped: dict[Any, list[Any]] = {}

@@ -205,7 +205,7 @@ class ProxyServer:
         raise UpstreamUnavailable(f"no broker reachable for node {node}: {'; '.join(errors)}")
 
     def count_fetch(self, answer: Any, plan: FetchPlan) -> None:
-        remote_keys = {(part.key, part.partition) for part in plan.remote}
+        remote_keys = {(part.key, part.partition) for part in plan.remote} | plan.served_remote
         key_field = "topic_id" if plan.version >= 13 else "topic"
         for t in answer.responses:
             for p in t.partitions:
