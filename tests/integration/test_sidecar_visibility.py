@@ -234,9 +234,9 @@ def test_secret_keys_never_show_in_errors_repr_or_logs(stack: Endpoints, tmp_pat
         settings(bad)
     message = str(caught.value)
     assert secret not in message
-    assert "remote_storage.s3.bucket: Field required" in message and "remote_storage_typo" in message
+    assert "remote_storage.bucket: Field required" in message and "remote_storage_typo" in message
     result = run_cli("sidecar", "run", "--config", str(bad))
-    assert result.returncode == 1 and "remote_storage.s3.bucket" in result.stderr
+    assert result.returncode == 1 and "remote_storage.bucket" in result.stderr
     assert secret not in result.stderr + result.stdout
 
 
