@@ -108,10 +108,16 @@ class _AdminPoller:
 
     def _run(self) -> None:
         while not self.stopped.wait(_POLL_SECONDS):
-            with self.lock:
-                clients = list(self.clients)
-            for admin in clients:
-                admin.poll(0)
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        """Poll each client once. Its references end with the call: a list kept in ``_run`` between rounds held
+        every client polled, which then never left the weak set, and lived (connecting, logging 'Connection
+        refused' once its brokers stopped) until the process ended."""
+        with self.lock:
+            clients = list(self.clients)
+        for admin in clients:
+            admin.poll(0)
 
 
 _POLLER = _AdminPoller()

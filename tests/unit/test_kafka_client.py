@@ -3,6 +3,9 @@ librdkafka's own refusal of a property turned into a clear ConfigError (real lib
 
 from __future__ import annotations
 
+import gc
+import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from reader import load_reader_settings
 from tiering.config import load_settings
 from tiering_core.errors import ConfigError
 from tiering_core.kafka_client import client_properties, make_client
-from tiering_core.kafka_logs import admin_client
+from tiering_core.kafka_logs import _POLL_SECONDS, admin_client
 
 SECRET = "pl41n-s3cret"
 
@@ -84,3 +87,17 @@ def test_librdkafkas_refusal_names_kafka_client(props: dict[str, str], message: 
         with pytest.raises(ConfigError, match="invalid Kafka client configuration \\(kafka_client") as caught:
             make()
         assert message in str(caught.value)
+
+
+def test_an_admin_client_its_owner_lets_go_is_freed_though_its_log_lines_were_polled() -> None:
+    """The log poller holds admin clients weakly: one it has polled is freed once its owner drops it (it used to
+    live, connecting and logging 'Connection refused', until the process ended)."""
+    admin = admin_client({"bootstrap.servers": "127.0.0.1:9"})
+    freed = weakref.ref(admin)
+    time.sleep(3 * _POLL_SECONDS)  # the poller's thread polls it meanwhile
+    del admin
+    deadline = time.monotonic() + 10
+    while freed() is not None and time.monotonic() < deadline:  # the poller may be polling it this very moment
+        gc.collect()
+        time.sleep(0.05)
+    assert freed() is None, "the log poller keeps an admin client alive"
