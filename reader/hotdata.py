@@ -13,12 +13,16 @@ are looked at per round. It never holds memory beyond the window being written.
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 from confluent_kafka import ConsumerGroupTopicPartitions
 
+from reader.catalog import MetadataCatalog
+from reader.config import ReaderSettings
 from reader.errors import RemoteReadError
-from reader.remote import RemoteReader
-from reader.stream import windows_from
+from reader.fetcher import RangeFetcher
+from reader.segments import SegmentCopy
+from reader.windows import windows_from
 from tiering_core.kafka_client import client_properties
 from tiering_core.kafka_logs import admin_client
 from tiering_core.logs import get_logger
@@ -26,10 +30,24 @@ from tiering_core.logs import get_logger
 log = get_logger(__name__)
 
 
+class WarmedReader(Protocol):
+    """What the preloader reads through: ``reader.remote.RemoteReader``, which owns and starts it."""
+
+    settings: ReaderSettings
+    catalog: MetadataCatalog
+    fetcher: RangeFetcher
+
+    def locate(self, topic: str, partition: int, offset: int) -> SegmentCopy: ...
+
+    def is_cached(self, copy: SegmentCopy, start: int, end: int) -> bool: ...
+
+    def read_range(self, copy: SegmentCopy, start: int, end: int, *, cacheable: bool = False) -> bytes: ...
+
+
 class HotDataPreloader:
     """Started by ``start()``, stopped by ``close()`` (idempotent). ``warmed`` counts windows downloaded."""
 
-    def __init__(self, reader: RemoteReader, interval: float) -> None:
+    def __init__(self, reader: WarmedReader, interval: float) -> None:
         self.reader = reader
         self.interval = interval
         self.settings = reader.settings

@@ -23,6 +23,7 @@ from reader.catalog import MetadataCatalog
 from reader.config import ReaderSettings
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteDataCorrupt, RemoteObjectMissing
 from reader.fetcher import RangeFetcher
+from reader.hotdata import HotDataPreloader
 from reader.pool import MemoryPool
 from reader.segments import SegmentCopy, SegmentIndexCache
 from reader.txn import TxnView, transactions_for
@@ -64,8 +65,6 @@ class RemoteReader:
         self.executor = ThreadPoolExecutor(settings.download_max_concurrency + 1, thread_name_prefix="remote-read")
         self.preloader = None
         if settings.hot_data_interval_seconds:
-            from reader.hotdata import HotDataPreloader  # it reads through this class: imported here, not above
-
             self.preloader = HotDataPreloader(self, settings.hot_data_interval_seconds).start()
 
     @classmethod

@@ -30,7 +30,6 @@ skipped or delivered twice.
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from reader.errors import RemoteDataCorrupt
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import AbortFilter
+from reader.windows import windows_from
 from tiering_core.errors import FormatError
 from tiering_core.formats import BatchHeader, Record, RecordBatch, batch_payload, decode_payload_part
 from tiering_core.logs import get_logger
@@ -79,36 +79,6 @@ class _Window:
 # briefly that the garbage collector rarely runs (measured: 2000 per read cost 0.3 s of GC in 2.1 s
 # reading 1 KB records, 2.7 s in 8.6 s reading 100 B records; 250 cost about 0.05 s)
 RECORDS_PER_READ = 250
-FIRST_WINDOW = 256 * 1024  # a reader's first window: its records are decoded and delivered sooner
-
-
-def windows_from(copy: SegmentCopy, start: int, width: int, first: int = FIRST_WINDOW) -> list[_Window]:
-    """The copy's windows from byte ``start`` (a batch boundary) on. Each ends at a batch start the offset
-    index knows (or at the object's end), so windows hold whole batches: the first at the last one within
-    ``first`` bytes (or the next one, when a batch is larger), the others at the last one before a
-    multiple of ``width`` (the first such multiple past a batch start). From its third window on, a
-    reader starting anywhere reads the same ranges as one starting at byte 0 (the disk cache's keys).
-    The hot-data preloader fetches the same ranges."""
-    size, positions = copy.size, copy.index_positions
-    out: list[_Window] = []
-    while start < size:
-        i = bisect.bisect_right(positions, start)  # positions[i:] are the batch starts after ``start``
-        if not out:
-            limit = min((start // width + 1) * width, start + first)
-        else:
-            limit = (start // width + 1) * width
-            while i < len(positions) and positions[i] > limit:
-                limit += width
-        j = bisect.bisect_right(positions, limit)  # positions[j - 1]: the last batch start <= limit
-        if limit >= size:
-            end = size
-        elif j > i:
-            end = positions[j - 1]
-        else:  # the first window's batch is larger than ``first``: to the next batch start
-            end = positions[j] if j < len(positions) else size
-        out.append(_Window(copy, start, min(end, size)))
-        start = min(end, size)
-    return out
 
 
 class _Prepared(NamedTuple):
@@ -217,7 +187,7 @@ class PartitionStream:
         self._drop_windows()
         with self.lock:
             start = copy.position_for(self.position)
-            self.windows.extend(windows_from(copy, start, self.width))
+            self.windows.extend(_Window(copy, w.start, w.end) for w in windows_from(copy, start, self.width))
         self._enter(copy, start)
 
     def _enter(self, copy: SegmentCopy, start: int) -> None:
@@ -256,7 +226,7 @@ class PartitionStream:
             following = None
         with self.lock:
             if following is not None and self.windows and self.windows[-1].copy is copy:
-                self.windows.extend(windows_from(following, 0, self.width))
+                self.windows.extend(_Window(following, w.start, w.end) for w in windows_from(following, 0, self.width))
             self.next_job = None
         if following is not None:
             self._fill()

@@ -1,7 +1,7 @@
 """Whole record batches from the remote copies, read ahead, for the proxy's Fetch answers.
 
 A ``BatchCursor`` reads one partition sequentially from an offset: the copy's ``.log`` in the same
-windows as every other remote reader (``reader.stream.windows_from``: batch-aligned ranges of about
+windows as every other remote reader (``reader.windows.windows_from``: batch-aligned ranges of about
 ``fetch_window_bytes``, the keys of the disk cache and what the hot-data preloader warms), paid for in
 the memory pool before each GET, with up to ``prefetch_windows`` windows downloaded ahead on the
 reader's download threads. A read hands out the batches of the head window from the fetch offset on,
@@ -24,8 +24,8 @@ from reader.batches import check_offsets, complete_prefix, scanned_headers
 from reader.errors import RemoteDataCorrupt
 from reader.remote import RemoteReader, verify_crcs
 from reader.segments import SegmentCopy
-from reader.stream import windows_from
 from reader.txn import TxnView
+from reader.windows import windows_from
 from tiering_core.formats import AbortedTxn, BatchHeader
 
 

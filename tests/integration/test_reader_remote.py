@@ -20,7 +20,7 @@ from reader import (
     RemoteReader,
     RemoteUnavailable,
 )
-from reader.stream import windows_from
+from reader.windows import windows_from
 from segment_fsm import SegmentState
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import TieredTopic, tiered_topic

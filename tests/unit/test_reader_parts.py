@@ -18,8 +18,8 @@ from reader.disk_cache import DiskCache
 from reader.errors import RemoteDataCorrupt
 from reader.messages import TieredMessage, message_class
 from reader.pool import MemoryPool
-from reader.stream import windows_from
 from reader.txn import AbortFilter, TxnView
+from reader.windows import windows_from
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.formats import AbortedTxn, decode_batch, scan_headers
 
