@@ -120,10 +120,9 @@ def test_store_down_gives_bounded_retries_then_an_error_and_reading_resumes(tier
             c.assign([TopicPartition(tiered.topic, 0, 0)])
             messages, _ = read_until(c, 500)
             proxy.cut()
-            started = time.monotonic()
-            more, errors = read_until(c, 10**9, timeout=120)
+            more, errors = read_until(c, 10**9, timeout=120)  # endless retries would end there with no error
             assert errors and errors[0].error().code() == KafkaError._TRANSPORT, errors
-            assert "after 2 attempts" in errors[0].error().str() and time.monotonic() - started < 60
+            assert "after 2 attempts" in errors[0].error().str()
             proxy.restore()
             ry = tiered.remote_end()
             rest, errors = read_until(c, ry)

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -349,7 +348,6 @@ def test_unknown_topic_and_bad_options_fail_before_any_spark_work(
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "tiering", "export", "no-such-topic", "--path", str(tmp_path / "x"),
            "--config", str(tiered.config)]  # fmt: skip
-    started = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.returncode != 0
     assert "topic 'no-such-topic' has no remote copy" in out.stderr
@@ -358,7 +356,6 @@ def test_unknown_topic_and_bad_options_fail_before_any_spark_work(
     bad = subprocess.run([*cmd[:4], tiered.topic, *cmd[5:], "--from", "soon"], capture_output=True, text=True,
                          env=env, timeout=120, check=False)  # fmt: skip
     assert bad.returncode == 2 and "'soon' is not an offset" in bad.stderr and "log4j" not in bad.stderr
-    assert time.monotonic() - started < 120
 
     tracker = spark.sparkContext.statusTracker()
     jobs_before = set(tracker.getJobIdsForGroup(None))
