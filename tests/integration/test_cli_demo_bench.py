@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -110,3 +117,38 @@ def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints)
     assert sides == [(s, n) for n in (100, 1024) for s in ("remote", "broker", "passthrough")]
     for r in lines[:-1]:
         assert r["bytes"] == r["records"] * r["record_size"] and r["mb_s"] > 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_bench_killed_by_a_signal_stops_the_stack_it_started(sig: signal.Signals, tmp_path: Path) -> None:
+    """A bench on its own temporary stack, signalled once the stack is up (its endpoints.json written): it
+    exits 128 + the signal's number, and Kafka, MinIO and etcd are gone with it."""
+    env = {**os.environ, "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}  # fmt: skip
+    bench = subprocess.Popen([sys.executable, "-m", "tiering", "bench", "decode", "--mb", "256", "--runs", "5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (found := list(tmp_path.glob("tiering-bench-*/endpoints.json"))):
+            assert bench.poll() is None, bench.communicate()[0]
+            assert time.monotonic() < deadline, "the bench's stack did not come up"
+            time.sleep(0.2)
+        endpoints = Endpoints.load(found[0])
+        servers = [b.pid for b in endpoints.brokers] + [endpoints.s3.pid, endpoints.etcd.pid]
+        assert all(pid is not None and psutil.pid_exists(pid) for pid in servers), servers
+        bench.send_signal(sig)
+        output = bench.communicate(timeout=120)[0]
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 128 + sig, output
+    assert [pid for pid in servers if _running(pid)] == [], output
+    assert not found[0].parent.exists()  # the temporary directory went too
+
+
+def _running(pid: int | None) -> bool:
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from deploy.bench_stack import exit_on_signals
 from tiering.bench.catchup import catchup
 from tiering.bench.decode import decode
 from tiering.bench.export import export
@@ -14,12 +15,15 @@ from tiering.bench.upload import upload
 
 
 @click.group()
-def bench() -> None:
+@click.pass_context
+def bench(ctx: click.Context) -> None:
     """Benchmarks that print JSON: ours beside a reference in the same run, with their ratio.
 
     Each prints one JSON object per measurement and, last, one summary object. They start the local
-    stack (Kafka, MinIO, etcd) in a temporary directory unless --stack-dir names a running one.
+    stack (Kafka, MinIO, etcd) in a temporary directory unless --stack-dir names a running one, and
+    stop it when they end, killed by SIGTERM or Ctrl-C included (exit code 143 or 130).
     """
+    ctx.call_on_close(exit_on_signals())
 
 
 bench.add_command(catchup)
