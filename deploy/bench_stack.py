@@ -23,13 +23,13 @@ stack_dir_option = click.option(
 
 
 @contextmanager
-def bench_stack(stack_dir: Path | None) -> Iterator[Endpoints]:
+def bench_stack(stack_dir: Path | None, brokers: int = 1) -> Iterator[Endpoints]:
     if stack_dir is not None:
-        yield stack.start(stack_dir)
+        yield stack.start(stack_dir, brokers=brokers)
         return
     with tempfile.TemporaryDirectory(prefix="tiering-bench-") as tmp:
         try:
-            yield stack.start(Path(tmp))
+            yield stack.start(Path(tmp), brokers=brokers)
         finally:
             stack.stop(Path(tmp))
 
