@@ -4,6 +4,8 @@
 unreachable a GET is attempted ``read_attempts`` times with doubling backoff, then
 ``RemoteUnavailable`` is raised; the caller can simply call again later (nothing is half-delivered).
 A missing object is ``RemoteObjectMissing`` naming the key, at once (no retry can bring it back).
+For the metrics, ``retries`` counts the GETs sent again and ``unavailable`` says whether the last GET
+that reached for the store found it unreachable (until one is answered again).
 On S3, ranges are read through presigned URLs on plain keep-alive connections
 (``tiering_core.stores.s3_ranges``): a tenth of boto3's CPU per GET and per byte.
 """
@@ -38,6 +40,8 @@ class RangeFetcher:
         self.cache = DiskCache(settings.disk_cache_dir, settings.disk_cache_bytes) if settings.disk_cache_dir else None
         self.requests = 0
         self.bytes_fetched = 0
+        self.retries = 0
+        self.unavailable = False
         self._count_lock = threading.Lock()
 
     def get(self, key: str, start: int, end: int, *, cacheable: bool = False) -> bytes:
@@ -67,16 +71,22 @@ class RangeFetcher:
                 with self.slots:
                     data = call()
             except ObjectNotFound as exc:
+                self.unavailable = False
                 raise RemoteObjectMissing(key) from exc
             except StoreUnavailable as exc:
+                self.unavailable = True
                 if attempt == self.attempts:
                     raise RemoteUnavailable(key, attempt, exc) from exc
                 log.warning("remote store unreachable; retrying", key=key, attempt=attempt, error=str(exc))
+                with self._count_lock:
+                    self.retries += 1
                 time.sleep(delay)
                 delay *= 2
                 continue
             except RemoteStoreError as exc:
+                self.unavailable = False
                 raise RemoteReadError(f"reading {key}: {exc}") from exc
+            self.unavailable = False
             with self._count_lock:
                 self.requests += 1
                 self.bytes_fetched += len(data)

@@ -58,7 +58,8 @@ class FetchMetrics:
 
 
 class ReaderCollector(Collector):
-    """The reader's own totals (store GETs, downloaded bytes, memory pool), read at scrape time."""
+    """The reader's own totals (store GETs, downloaded bytes, retries, the store's availability, memory pool), read
+    at scrape time."""
 
     def __init__(self, reader: RemoteReader) -> None:
         self.reader = reader
@@ -72,6 +73,14 @@ class ReaderCollector(Collector):
         yield CounterMetricFamily(
             "tiering_reader_store_bytes", "Bytes downloaded from the remote store.", value=fetcher.bytes_fetched
         )
+        yield CounterMetricFamily(
+            "tiering_reader_store_retries", "GETs sent to the remote store again after it could not be reached "
+            "(up to read_attempts per read, with a doubling backoff).", value=fetcher.retries,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "tiering_reader_store_unavailable", "1 while the remote store cannot be reached (the last GET sent to it "
+            "was refused, reset, timed out or throttled), 0 once it answers again.", value=int(fetcher.unavailable),
+        )  # fmt: skip
         yield GaugeMetricFamily(
             "tiering_reader_memory_pool_bytes", "Bytes held in the reader's memory pool now (capped by "
             "prefetch_pool_bytes).", value=self.reader.pool.used,

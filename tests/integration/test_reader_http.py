@@ -341,6 +341,11 @@ def test_metrics_count_remote_fetches(services: list[Service], tiered: Tiered) -
     assert 'route="/v1/topics/{topic}/partitions/{partition}/batches"' in text
 
 
+def sample(text: str, name: str) -> float:
+    """The value of the unlabelled sample ``name`` in a Prometheus text exposition."""
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
+
+
 def test_store_down_gives_bounded_retries_then_503_and_reads_resume(
     tiered: Tiered, stack: Endpoints, tmp_path: Path
 ) -> None:
@@ -362,9 +367,12 @@ def test_store_down_gives_bounded_retries_then_503_and_reads_resume(
         assert failed.headers["retry-after"]
         metrics = httpx.get(f"{service.url}/metrics", timeout=30).text
         assert f'tiering_remote_fetch_errors_total{{partition="0",topic="{tiered.name}"}} 1.0' in metrics
+        assert "tiering_reader_store_unavailable 1.0" in metrics
+        assert sample(metrics, "tiering_reader_store_retries_total") >= 2  # 3 attempts: 2 retries
         proxy.restore()
         resumed = service.get(path(tiered, "/records"), offset=0, max_records=100)
         assert resumed.status_code == 200, resumed.text
+        assert "tiering_reader_store_unavailable 0.0" in httpx.get(f"{service.url}/metrics", timeout=30).text
         got = [(r["offset"], unb64(r["key"]), unb64(r["value"])) for r in resumed.json()["records"]]
         assert got == [(o, *tiered.produced[o][:2]) for o in range(100)]
     finally:

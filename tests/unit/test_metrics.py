@@ -1,10 +1,12 @@
-"""The sidecar's metrics: a partition's series can be removed all together."""
+"""The sidecar's metrics: a partition's series can be removed all together; failing operations are exported."""
 
 from __future__ import annotations
 
 from prometheus_client.metrics import MetricWrapperBase
 
 from tiering.metrics import SidecarMetrics
+from tiering.sidecar.retry import SIDECAR, Retrier, Scope
+from tiering_core.backoff import Backoff
 
 
 def test_forget_partition_removes_every_series_of_that_partition_and_only_those() -> None:
@@ -29,3 +31,24 @@ def test_forget_partition_removes_every_series_of_that_partition_and_only_those(
         name = metric._name
         assert {(name, "a", "1"), (name, "b", "0")} <= left
     assert ("tiering_metadata_wal_lag_records", None, None) in left
+
+
+def test_consecutive_failures_are_exported_while_an_operation_fails_and_gone_once_it_succeeds() -> None:
+    metrics = SidecarMetrics()
+    retrier = Retrier(Backoff(3600.0, 3600.0, jitter=0.0), metrics.task_errors, metrics.registry)
+    scope = Scope("orders", "id", 3)
+
+    def failures() -> dict[tuple[str, str, str], float]:
+        return {
+            (s.labels["topic"], s.labels["partition"], s.labels["operation"]): s.value
+            for family in metrics.registry.collect()
+            for s in family.samples
+            if s.name == "tiering_task_consecutive_failures"
+        }
+
+    retrier.failed(scope, "copy", OSError("store says no"))
+    retrier.failed(scope, "copy", OSError("store says no"))
+    retrier.failed(SIDECAR, "tick", OSError("etcd says no"))
+    assert failures() == {("orders", "3", "copy"): 2, ("", "", "tick"): 1}
+    retrier.succeeded(scope, "copy")
+    assert failures() == {("", "", "tick"): 1}

@@ -77,6 +77,6 @@ class SidecarContext:
             store=store,
             copier=copier,
             metrics=metrics,
-            retry=Retrier(settings.retry_backoff(), metrics.task_errors),
+            retry=Retrier(settings.retry_backoff(), metrics.task_errors, metrics.registry),
             leases=leases,
         )

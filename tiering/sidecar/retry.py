@@ -6,17 +6,23 @@ logged once with its traceback, counted in ``tiering_task_errors_total``, kept f
 the operation is not tried again before its backoff (exponential, capped, with jitter) has passed.
 So one failing partition never stops another, a repeating error is logged once per backoff step,
 and ``tiering topic status`` shows the error and when it is tried next.
+
+``tiering_task_consecutive_failures{topic,partition,operation}`` is there while an operation keeps failing
+(its failures since it last succeeded) and gone once it succeeds: an alert on it held for a while is "a
+partition stuck in an error", which the errors counter alone cannot tell from errors that recover.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tiering_core.backoff import Backoff
 from tiering_core.errors import TieringError
@@ -59,11 +65,13 @@ class Failure:
 class Retrier:
     """Per (scope, operation): run if due, record failures, back off. Thread-safe."""
 
-    def __init__(self, backoff: Backoff, errors: Counter) -> None:
+    def __init__(self, backoff: Backoff, errors: Counter, registry: CollectorRegistry | None = None) -> None:
         self.backoff = backoff
         self.errors = errors
         self._lock = threading.Lock()
         self._failures: dict[tuple[Scope, str], tuple[Failure, float]] = {}  # -> (failure, monotonic due time)
+        if registry is not None:
+            registry.register(_FailingOperations(self))
 
     def due(self, scope: Scope, operation: str) -> bool:
         with self._lock:
@@ -120,6 +128,11 @@ class Retrier:
         with self._lock:
             return {op: f for (s, op), (f, _) in self._failures.items() if s == scope}
 
+    def failing(self) -> list[tuple[Scope, str, Failure]]:
+        """Every operation failing now: its scope, its name and its last failure."""
+        with self._lock:
+            return [(s, op, f) for (s, op), (f, _) in self._failures.items()]
+
     def failing_scopes(self) -> set[Scope]:
         with self._lock:
             return {s for s, _ in self._failures}
@@ -134,6 +147,23 @@ class Retrier:
             "next_retry_ms": min((f.next_retry_ms for f in failures.values()), default=None),
             "failing": {op: f.error for op, f in sorted(failures.items())},
         }
+
+
+class _FailingOperations(Collector):
+    """``tiering_task_consecutive_failures``, read from the retrier at scrape time."""
+
+    def __init__(self, retrier: Retrier) -> None:
+        self.retrier = retrier
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "tiering_task_consecutive_failures", "Failures in a row of a sidecar operation that has not succeeded "
+            "since, retried after a growing backoff; no series once it succeeds (partition '' for the sidecar).",
+            labels=("topic", "partition", "operation"),
+        )  # fmt: skip
+        for scope, operation, failure in self.retrier.failing():
+            family.add_metric([scope.topic, _label(scope), operation], failure.attempts)
+        yield family
 
 
 def _label(scope: Scope) -> str:
