@@ -18,7 +18,7 @@ from metadata.records import (
 from metadata.remote_snapshots import StoreSnapshots, snapshot_prefix
 from metadata.snapshot import LocalDirSnapshotStore, SnapshotCorrupt, SnapshotStore
 from metadata.state import ApplyResult, MetadataState
-from metadata.wal import MetadataWal, WalError, WalGap
+from metadata.wal import MetadataWal, WalError, WalGap, WalMissing
 
 __all__ = [
     "ApplyResult",
@@ -43,6 +43,7 @@ __all__ = [
     "UnknownVersion",
     "WalError",
     "WalGap",
+    "WalMissing",
     "decode",
     "snapshot_prefix",
 ]

@@ -44,6 +44,10 @@ class WalError(TieringError):
     """
 
 
+class WalMissing(WalError):
+    """The WAL topic does not exist and the caller may not create it: no sidecar has run, nothing is tiered."""
+
+
 class WalGap(WalError):
     """Records the reader needs are gone from the WAL: retention or ``delete_records`` removed them, the
     log was truncated, or the topic was deleted and created again. Applying what follows would build a
@@ -93,7 +97,7 @@ class MetadataWal:
             self.topic_id = self._describe_topic_id()
             return self.partitions
         if not create:
-            raise WalError(f"metadata topic {self.topic} does not exist at {self.bootstrap}: no sidecar has run yet")
+            raise WalMissing(f"metadata topic {self.topic} does not exist at {self.bootstrap}: no sidecar has run yet")
         replication = min(3, len(metadata.brokers))
         topic = NewTopic(
             self.topic,

@@ -29,8 +29,14 @@ class SidecarSettings(BaseSettings):
         description="librdkafka properties for every Kafka client (security.protocol, sasl.mechanism, sasl.username, "
         "sasl.password, ssl.ca.location...); env TIERING_KAFKA_CLIENT__SASL_PASSWORD (_ for .).",
     )
-    log_dirs: Annotated[list[Path], NoDecode] = Field(description="The broker's log.dirs (comma-separated in env).")
-    broker_id: int | None = Field(default=None, description="This broker's node.id; default: from meta.properties.")
+    log_dirs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="The broker's log.dirs (comma-separated in env); `sidecar run` needs them, `topic` and "
+        "`cluster` commands (run from any host) do not.",
+    )
+    broker_id: int | None = Field(
+        default=None, description="This broker's node.id (sidecar run only); default: from meta.properties."
+    )
     state_dir: Path = Field(default=Path("/var/lib/tiering"), description="Snapshots and the status file.")
     remote_storage: StoreConfig = Field(
         default_factory=lambda: FileSystemStoreConfig(root=Path("/var/lib/tiering/remote")),

@@ -1,8 +1,9 @@
 """A configuration the CLI cannot use is one clean error, never a traceback: malformed YAML, a typo inside a nested
-section, no broker id found for a configuration from environment variables."""
+section, no broker id or log_dirs for ``sidecar run`` from environment variables."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,20 @@ def test_malformed_yaml_and_a_nested_typo_are_named(tmp_path: Path) -> None:
     ]
 
 
-def test_no_broker_id_from_the_environment_is_one_sentence(tmp_path: Path) -> None:
-    env = {"TIERING_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TIERING_LOG_DIRS": str(tmp_path / "data"),
-           "TIERING_STATE_DIR": str(tmp_path / "state"), "TIERING_REMOTE_STORAGE__KIND": "filesystem",
+def test_sidecar_without_broker_id_or_log_dirs_says_what_to_set(tmp_path: Path) -> None:
+    """Only ``sidecar run`` needs a broker id and log_dirs (``topic`` and ``cluster`` commands run from any host):
+    its last words name what is missing."""
+    env = {"TIERING_BOOTSTRAP_SERVERS": "127.0.0.1:1", "TIERING_STATE_DIR": str(tmp_path / "state"),
+           "TIERING_REMOTE_STORAGE__KIND": "filesystem",
            "TIERING_REMOTE_STORAGE__ROOT": str(tmp_path / "remote")}  # fmt: skip
-    assert error_lines("topic", "status", "t", env=env) == [
-        f"Error: broker_id is not set and no meta.properties with node.id in log_dirs {tmp_path / 'data'}: set "
+
+    def last_words(extra: dict[str, str]) -> str:
+        result = tiering("sidecar", "run", env={**env, **extra}, timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        return str(json.loads(lines(result.stderr)[-1])["error"])
+
+    assert last_words({"TIERING_LOG_DIRS": str(tmp_path / "data")}) == (
+        f"broker_id is not set and no meta.properties with node.id in log_dirs {tmp_path / 'data'}: set "
         "broker_id (TIERING_BROKER_ID) or log_dirs to the broker's log.dirs"
-    ]
+    )
+    assert last_words({}) == "log_dirs is not set: the sidecar runs beside a broker and needs its log.dirs"

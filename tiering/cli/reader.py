@@ -6,8 +6,15 @@ from pathlib import Path
 
 import click
 
+from tiering.cli.common import check_cluster
 from tiering.cli.log_options import LEVELS, service_logging
 from tiering_core.errors import TieringError
+from tiering_core.kafka_client import client_properties
+from tiering_core.kafka_logs import admin_client
+
+# Without --timeout: how long ``reader serve`` waits for the cluster at start (long enough for a compose file or
+# a pod that starts beside the brokers).
+START_TIMEOUT_SECONDS = 30.0
 
 
 @click.group()
@@ -25,7 +32,11 @@ def reader() -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="TCP port (default: http.port, 8470).")
 @click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), default=None,
               help="As the root option `tiering --log-level` [default: INFO].")  # fmt: skip
-def serve_command(config_file: Path | None, host: str | None, port: int | None, log_level: str | None) -> None:
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=START_TIMEOUT_SECONDS, show_default=True,
+              metavar="SECONDS", help="How long the Kafka cluster may take to answer at start; past it the service "
+              "exits 1 naming it. Once started, a cluster that stops answering fails /readyz instead.")  # fmt: skip
+def serve_command(config_file: Path | None, host: str | None, port: int | None, log_level: str | None,
+                  timeout: float) -> None:  # fmt: skip
     """Serve records of tiered topics over HTTP, from remote storage, until SIGTERM.
 
     \b
@@ -47,6 +58,9 @@ def serve_command(config_file: Path | None, host: str | None, port: int | None, 
         settings = load_service_settings(config_file)
         if overrides:
             settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
+        admin = admin_client({"bootstrap.servers": settings.bootstrap_servers,
+                              **client_properties(settings.kafka_client)})  # fmt: skip
+        check_cluster(admin, settings.bootstrap_servers, timeout)
         serve(settings)
     except TieringError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from metadata import ClusterRecord, TopicRecord
+from metadata.records import topic_id_str
 from segment_fsm import LogStarts, SegmentState, TopicAction
-from tiering.cli.common import admin_context, config_option, confirm_or_refuse, settings_from, yes_option
+from tiering.cli.common import Admin, admin_context, cluster_options, confirm_or_refuse, settings_from, yes_option
 from tiering.policy import RetentionSettings
 from tiering.policy.tierable import name_refusal, refusal
 from tiering.sidecar.context import SidecarContext
@@ -88,8 +89,9 @@ def _total_retention(info: TopicInfo) -> str:
 @topic.command()
 @click.argument("name")
 @_retention_options(-2, "")
-@config_option
-def enable(name: str, local_retention_ms: int, local_retention_bytes: int, config_file: Path | None) -> None:
+@cluster_options
+def enable(name: str, local_retention_ms: int, local_retention_bytes: int, config_file: Path | None,
+           timeout: float) -> None:  # fmt: skip
     """Start tiering topic NAME: upload rolled segments, keep only the local retention on disk.
 
     The topic's retention.ms / retention.bytes are not changed: they stay the total retention.
@@ -101,7 +103,8 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
     reason = name_refusal(name, metadata_topic)  # before any lookup: __cluster_metadata is not even listed
     if reason is not None:
         raise click.ClickException(reason)
-    with admin_context(config_file) as ctx:
+    with admin_context(config_file, timeout) as admin:
+        ctx = admin.ctx
         info = _topic_info(ctx, name)
         reason = refusal(info, metadata_topic)
         if reason is not None:
@@ -126,16 +129,17 @@ def enable(name: str, local_retention_ms: int, local_retention_bytes: int, confi
 @topic.command()
 @click.argument("name")
 @_retention_options(None, " (default: unchanged)")
-@config_option
+@cluster_options
 def alter(name: str, local_retention_ms: int | None, local_retention_bytes: int | None,
-          config_file: Path | None) -> None:  # fmt: skip
+          config_file: Path | None, timeout: float) -> None:  # fmt: skip
     """Change the local retention of tiered topic NAME (validated as ``enable`` does).
 
     A setting not given stays as it is; the topic's retention.ms / retention.bytes are not changed.
     """
     if local_retention_ms is None and local_retention_bytes is None:
         raise click.UsageError("give --local-retention-ms and/or --local-retention-bytes")
-    with admin_context(config_file) as ctx:
+    with admin_context(config_file, timeout) as admin:
+        ctx = admin.ctx
         info = _topic_info(ctx, name)
         state = ctx.manager.tiering(info.topic_id)
         if state is None or not state.enabled:
@@ -155,10 +159,10 @@ def alter(name: str, local_retention_ms: int | None, local_retention_bytes: int 
 
 def _simple_action(action: TopicAction, done: str, doc: str) -> click.Command:
     @click.argument("name")
-    @config_option
-    def command(name: str, config_file: Path | None) -> None:
-        with admin_context(config_file) as ctx:
-            _publish_topic(ctx, _topic_info(ctx, name), action)
+    @cluster_options
+    def command(name: str, config_file: Path | None, timeout: float) -> None:
+        with admin_context(config_file, timeout) as admin:
+            _publish_topic(admin.ctx, _topic_info(admin.ctx, name), action)
             click.echo(f"{name}: {done}")
 
     command.__doc__ = doc
@@ -179,8 +183,8 @@ topic.add_command(
 @click.argument("name")
 @click.option("--delete-remote", is_flag=True, help="Also delete every remote object of the topic (asks first).")
 @yes_option
-@config_option
-def rollback(name: str, delete_remote: bool, yes: bool, config_file: Path | None) -> None:
+@cluster_options
+def rollback(name: str, delete_remote: bool, yes: bool, config_file: Path | None, timeout: float) -> None:
     """Stop tiering topic NAME: no more uploads and no more local deletion by the sidecar.
 
     From then on the broker's own retention governs the local log. The remote copy stays readable
@@ -188,7 +192,8 @@ def rollback(name: str, delete_remote: bool, yes: bool, config_file: Path | None
     that first lists, per partition, the offsets that exist only in remote storage (below the broker's
     log start offset) and needs --yes or a confirmation typed at a terminal; otherwise nothing changes.
     """
-    with admin_context(config_file) as ctx:
+    with admin_context(config_file, timeout, store_needed=delete_remote) as admin:
+        ctx = admin.ctx
         info = _topic_info(ctx, name)
         if delete_remote:
             click.echo(f"{name}: --delete-remote deletes every remote copy; offsets that exist only there "
@@ -260,16 +265,24 @@ def partition_rows(ctx: SidecarContext, info: TopicInfo) -> list[dict[str, Any]]
 @topic.command()
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@config_option
-def status(name: str, as_json: bool, config_file: Path | None) -> None:
-    """Per partition of NAME: Lx, Ly, Lz (Kafka), Rx, Ry (remote), copy lag, segments per state, last error."""
-    with admin_context(config_file) as ctx:
+@cluster_options
+def status(name: str, as_json: bool, config_file: Path | None, timeout: float) -> None:
+    """Per partition of NAME: Lx, Ly, Lz (Kafka), Rx, Ry (remote), copy lag, segments per state, last error.
+
+    Read-only: it creates nothing. Copy lag, last error and next retry come from the status file of a sidecar
+    on this host (state_dir): '-' elsewhere. A store that does not answer is reported after what is known
+    (from Kafka and the metadata WAL), with exit code 1.
+    """
+    with admin_context(config_file, timeout, read_only=True) as admin:
+        ctx = admin.ctx
         info = _topic_info(ctx, name)
         tiering = ctx.manager.tiering(info.topic_id)
         rows = partition_rows(ctx, info)
+    store = {"endpoint": ctx.store.endpoint, "reachable": admin.store_error is None, "error": admin.store_error}
     if as_json:
         click.echo(json.dumps({"topic": name, "topic_id": info.topic_id, "tiering": vars_or_none(tiering),
-                               "partitions": rows}, default=str))  # fmt: skip
+                               "partitions": rows, "store": store}, default=str))  # fmt: skip
+        admin.fail_if_store_unreachable()
         return
     title = f"{name} ({info.topic_id}): " + (
         "not tiered" if tiering is None else
@@ -283,11 +296,17 @@ def status(name: str, as_json: bool, config_file: Path | None) -> None:
         c = r["segments"]
         lag = "-" if r["copy_lag_bytes"] is None else f"{r['copy_lag_bytes']:,} B / {r['copy_lag_segments']} seg"
         table.add_row(
-            str(r["partition"]), str(r["Lx"]), str(r["Ly"]), str(r["Lz"]), str(r["Rx"]), str(r["Ry"]), lag,
+            str(r["partition"]), str(r["Lx"]), str(r["Ly"]), str(r["Lz"]), _shown(r["Rx"]), _shown(r["Ry"]), lag,
             f"{c['COPY_SEGMENT_STARTED']}/{c['COPY_SEGMENT_FINISHED']}/{c['DELETE_SEGMENT_STARTED']}",
             r["last_error"] or "", _retry_time(r["next_retry_ms"]),
         )  # fmt: skip
     Console(width=160).print(table)
+    admin.fail_if_store_unreachable()
+
+
+def _shown(value: object) -> str:
+    """A table cell: '-' for what does not exist (no remote data: no Rx, Ry), not Python's None."""
+    return "-" if value is None else str(value)
 
 
 def _retry_time(ms: int | None) -> str:
@@ -307,9 +326,10 @@ def cluster() -> None:
 
 
 def _cluster_action(action: TopicAction, done: str, doc: str) -> click.Command:
-    @config_option
-    def command(config_file: Path | None) -> None:
-        with admin_context(config_file) as ctx:
+    @cluster_options
+    def command(config_file: Path | None, timeout: float) -> None:
+        with admin_context(config_file, timeout) as admin:
+            ctx = admin.ctx
             result = ctx.manager.publish(ClusterRecord(action=action, event_time=ctx.now_ms()))
             if not result.accepted:
                 raise click.ClickException(result.reason or "rejected")
@@ -328,26 +348,56 @@ cluster.add_command(
 )
 
 
+def topic_rows(admin: Admin) -> list[dict[str, Any]]:
+    """One row per tiered topic name: its incarnation Kafka has now (else the newest one), with its topic id,
+    whether Kafka has it (None: unknown), and the ids of earlier incarnations of the name (deleted topics whose
+    remote data the sidecars delete after deleted_topic_grace_seconds)."""
+    with admin.ctx.manager.lock:
+        entries = {topic_id_str(tid): (n, t) for tid, (n, t) in admin.ctx.manager.state.topics.items()}
+    names = {n for n, _ in entries.values()}
+    live = admin.ctx.cluster.topic_ids(names)
+    rows = []
+    for name in sorted(names):
+        ids = [tid for tid, (n, _) in entries.items() if n == name]
+        newest = admin.ctx.manager.topic_state(name)
+        shown = live.get(name) if live.get(name) in ids else (newest[0] if newest else ids[0])
+        in_kafka = None if name not in live else live[name] == shown
+        rows.append({"topic": name, "topic_id": shown, "in_kafka": in_kafka, **(vars_or_none(entries[shown][1]) or {}),
+                     "earlier_topic_ids": sorted(set(ids) - {shown})})  # fmt: skip
+    return rows
+
+
 @cluster.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@config_option
-def cluster_status(as_json: bool, config_file: Path | None) -> None:
-    """Cluster-wide switches and every topic with a tiering state."""
-    with admin_context(config_file) as ctx:
-        cluster_flags = ctx.manager.cluster_state()
+@cluster_options
+def cluster_status(as_json: bool, config_file: Path | None, timeout: float) -> None:
+    """Cluster-wide switches and every topic with a tiering state (once per name, with its topic id).
+
+    Read-only: it creates nothing. A store that does not answer is reported after the list, with exit code 1.
+    """
+    with admin_context(config_file, timeout, read_only=True) as admin:
+        cluster_flags = admin.ctx.manager.cluster_state()
         flags = {"upload_paused": cluster_flags.upload_paused, "rolled_back": cluster_flags.rolled_back}
-        with ctx.manager.lock:
-            entries = list(ctx.manager.state.topics.values())
-        topics = [{"topic": n, **(vars_or_none(t) or {})} for n, t in entries]
+        topics = topic_rows(admin)
     if as_json:
-        click.echo(json.dumps({"cluster": flags, "topics": topics}))
+        click.echo(json.dumps({"cluster": flags, "topics": topics, "store": {
+            "endpoint": admin.ctx.store.endpoint, "reachable": admin.store_error is None, "error": admin.store_error
+        }}))  # fmt: skip
+        admin.fail_if_store_unreachable()
+        return
+    if admin.no_metadata is not None:
+        click.echo(f"cluster: nothing is tiered ({admin.no_metadata})")
+        admin.fail_if_store_unreachable()
         return
     click.echo(f"cluster: upload_paused={flags['upload_paused']} rolled_back={flags['rolled_back']}")
     table = Table()
-    for col in ("topic", "enabled", "upload paused", "download paused", "rolled back", "local.retention.ms",
-                "local.retention.bytes"):  # fmt: skip
+    for col in ("topic", "topic id", "in Kafka", "enabled", "upload paused", "download paused", "rolled back",
+                "local.retention.ms", "local.retention.bytes", "earlier topic ids"):  # fmt: skip
         table.add_column(col)
     for t in topics:
-        table.add_row(t["topic"], str(t["enabled"]), str(t["upload_paused"]), str(t["download_paused"]),
-                      str(t["rolled_back"]), str(t["local_retention_ms"]), str(t["local_retention_bytes"]))  # fmt: skip
-    Console(width=160).print(table)
+        table.add_row(t["topic"], t["topic_id"], {True: "yes", False: "no (deleted)", None: "?"}[t["in_kafka"]],
+                      str(t["enabled"]), str(t["upload_paused"]), str(t["download_paused"]), str(t["rolled_back"]),
+                      str(t["local_retention_ms"]), str(t["local_retention_bytes"]),
+                      ", ".join(t["earlier_topic_ids"]))  # fmt: skip
+    Console(width=200).print(table)
+    admin.fail_if_store_unreachable()
