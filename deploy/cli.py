@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -12,6 +13,9 @@ from rich.table import Table
 
 from deploy import images, stack
 from deploy.errors import StackError
+
+
+REDACTED = "<redacted>"
 
 
 def default_stack_dir() -> Path:
@@ -72,16 +76,23 @@ def down(stack_dir: Path) -> None:
 
 @dev.command()
 @_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (the S3 secret key redacted).")
 def status(stack_dir: Path, as_json: bool) -> None:
-    """Show each component of the stack, whether it runs, and where it listens."""
+    """Show each component of the stack, whether it runs, and where it listens.
+
+    Exits 0 when every component runs, 1 when there is no stack or a component is down (as scripts expect).
+    """
     info = stack.status(stack_dir)
     if as_json:
+        s3 = info.get("s3")
+        if isinstance(s3, dict) and s3.get("secret_key"):
+            s3["secret_key"] = REDACTED  # the file holds it for the tests and the demo; a status is shown and pasted
         click.echo(json.dumps(info, indent=2))
+        if not info["running"]:
+            sys.exit(1)
         return
-    if not info.get("running") and "alive" not in info:
-        click.echo(f"no stack in {stack_dir} (start one with `tiering dev up`)")
-        return
+    if "alive" not in info:
+        raise click.ClickException(f"no stack in {stack_dir} (start one with `tiering dev up`)")
     endpoints = stack.Endpoints.load(Path(stack_dir) / stack.ENDPOINTS)
     alive = stack.components_alive(endpoints)
     net = endpoints.containers
@@ -93,6 +104,9 @@ def status(stack_dir: Path, as_json: bool) -> None:
     table.add_row("minio", str(alive["minio"]), net.minio if net else str(endpoints.s3.pid), endpoints.s3.endpoint_url)
     table.add_row("etcd", str(alive["etcd"]), net.etcd if net else str(endpoints.etcd.pid), endpoints.etcd.url)
     Console().print(table)
+    down = [name for name, up in alive.items() if not up]
+    if down:
+        raise click.ClickException(f"not running: {', '.join(down)} (restart the stack with `tiering dev up`)")
 
 
 @dev.command()
