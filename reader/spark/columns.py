@@ -14,6 +14,7 @@ between ``format("kafka")`` and ``format("kafka_tiered")``.
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,6 +34,7 @@ SCHEMA = pa.schema(
         pa.field("headers", pa.list_(HEADER_TYPE)),
     ]
 )
+MAX_TIMESTAMP_MS = (2**63 - 1) // 1000  # the largest timestamp Spark's microsecond timestamps hold
 SPARK_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
     "timestampType int, headers array<struct<key: string, value: binary>>"
@@ -192,6 +194,9 @@ class ColumnBuilder:
             timestamps(base_ts if append_time else base_ts + ts_delta)
         if pos != end:
             raise ValueError(f"{end - pos} bytes remain after {header.records_count} records")
+        stamps = self.timestamps[first_row:]
+        if stamps and (max(stamps) > MAX_TIMESTAMP_MS or min(stamps) < -MAX_TIMESTAMP_MS):
+            raise ValueError("timestamp out of range")
         self.ts_types.extend(array("i", [1 if append_time else 0]) * header.records_count)
 
     def _headers(self, data: bytearray, pos: int) -> int:
@@ -203,6 +208,7 @@ class ColumnBuilder:
             if klen < 0:
                 raise ValueError(f"header key length {klen}")
             self.hkey_bounds.append(pos)
+            data[pos : pos + klen].decode()  # a string column: UnicodeDecodeError here, not at the flush
             pos += klen
             self.hkey_bounds.append(pos)
             vlen, pos = _varint(data, pos)
@@ -235,19 +241,16 @@ class ColumnBuilder:
                 fields=list(HEADER_TYPE),
             ),
         )
-        columns = [
+        batch = record_batch(
+            self.topic,
+            self.partition,
             _cut(data, self.key_bounds, _present(n, self.null_keys)),
             _cut(data, self.value_bounds, _present(n, self.null_values)),
-            _repeat_string(self.topic, n),
-            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(array("i", [self.partition]) * n)]),
             _int64(self.offsets),
-            pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, pa.py_buffer(self.timestamps)]).cast(
-                pa.timestamp("us", tz="UTC")
-            ),
+            pa.py_buffer(self.timestamps),
             _int32(self.ts_types),
             headers,
-        ]
-        batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+        )
         if (first_offset is not None and self.offsets[0] < first_offset) or (
             last_offset is not None and self.offsets[-1] > last_offset
         ):
@@ -257,6 +260,57 @@ class ColumnBuilder:
             batch = batch.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less_equal(offsets, hi)))
         self._reset()
         return batch
+
+
+def record_batch(topic: str, partition: int, keys: pa.Array, values: pa.Array, offsets: pa.Array,
+                 timestamps_ms: pa.Buffer, timestamp_types: pa.Array, headers: pa.Array) -> pa.RecordBatch:  # fmt: skip
+    """The columns of Spark's Kafka source schema (``timestamps_ms``: int64 milliseconds since the epoch)."""
+    n = len(offsets)
+    columns = [
+        keys,
+        values,
+        _repeat_string(topic, n),
+        pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(array("i", [partition]) * n)]),
+        offsets,
+        pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, timestamps_ms]).cast(
+            pa.timestamp("us", tz="UTC")
+        ),
+        timestamp_types,
+        headers,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
+def native_batch(topic: str, partition: int, decoder: Any) -> pa.RecordBatch | None:
+    """The rows a ``tiering_native.ColumnDecoder`` holds as one RecordBatch (None if there are none): its
+    plain buffers wrapped as Arrow arrays, the only copy being theirs into Python bytes."""
+    (n, offsets, timestamps, ts_types, key_offsets, key_data, key_valid, value_offsets, value_data, value_valid,
+     header_offsets, hkey_offsets, hkey_data, hvalue_offsets, hvalue_data, hvalue_valid) = decoder.flush()  # fmt: skip
+    if n == 0:
+        return None
+    m = len(hkey_offsets) // 4 - 1
+    header_fields = pa.StructArray.from_arrays(
+        [
+            _binary(pa.string(), m, None, hkey_offsets, hkey_data),
+            _binary(pa.binary(), m, hvalue_valid, hvalue_offsets, hvalue_data),
+        ],
+        fields=list(HEADER_TYPE),
+    )
+    return record_batch(
+        topic,
+        partition,
+        _binary(pa.binary(), n, key_valid, key_offsets, key_data),
+        _binary(pa.binary(), n, value_valid, value_offsets, value_data),
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
+        pa.py_buffer(timestamps),
+        pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(ts_types)]),
+        pa.Array.from_buffers(pa.list_(HEADER_TYPE), n, [None, pa.py_buffer(header_offsets)], children=[header_fields]),
+    )
+
+
+def _binary(kind: pa.DataType, n: int, validity: bytes | None, offsets: bytes, data: bytes) -> pa.Array:
+    bitmap = None if validity is None else pa.py_buffer(validity)
+    return pa.Array.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _present(n: int, null_rows: array) -> bytearray | None:

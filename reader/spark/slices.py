@@ -16,11 +16,14 @@ import crc32c
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from reader.spark.columns import ColumnBuilder, records_section
+from reader.spark.columns import ColumnBuilder, native_batch, records_section
 from tiering_core.errors import FormatError
 from tiering_core.formats.batch import HEADER_SIZE, LOG_OVERHEAD, check_header
 from tiering_core.formats.compression import decompress
+from tiering_core.formats.native import NATIVE
 from tiering_core.stores.base import RemoteStore
+
+_native = NATIVE  # the compiled decoder, or None (tests set it to None to run the reference)
 
 
 class SegmentReadError(FormatError):
@@ -89,8 +92,12 @@ def read_slice(
     """Yield the slice's committed records as RecordBatches of at most about ``max_rows`` rows.
 
     Raises ObjectNotFound (naming the key) if the object is gone, SegmentReadError if it is shorter
-    than planned, corrupt, or differs from its manifest.
+    than planned, corrupt, or differs from its manifest. The compiled decoder does it when installed
+    (``tiering_core.formats.native``), else this loop.
     """
+    if _native is not None:
+        yield from _read_slice_native(store, part, window_bytes=window_bytes, max_rows=max_rows)
+        return
     builder = ColumnBuilder(part.topic, part.partition)
     crc = 0
     pos = part.start
@@ -99,12 +106,7 @@ def read_slice(
     low, high = part.copy_offsets or (0, 2**63 - 1)
     previous = low - 1
     while pos < part.end:
-        local = pos - buf_start
-        if len(buf) - local < HEADER_SIZE:
-            buf, buf_start, local = _fetch(store, part, pos, window_bytes), pos, 0
-        size = int.from_bytes(buf[local + 8 : local + 12], "big", signed=True) + LOG_OVERHEAD
-        if local + size > len(buf):  # the batch crosses the window's end: fetch it whole
-            buf, buf_start, local = _fetch(store, part, pos, max(window_bytes, size)), pos, 0
+        buf, buf_start, local, size = _window(store, part, pos, buf, buf_start, window_bytes)
         try:
             header = check_header(part.key, buf, local, len(buf))
         except FormatError as exc:
@@ -135,20 +137,71 @@ def read_slice(
             codec = header.attributes & 7
             try:
                 builder.add_batch(header, decompress(codec, bytes(section), part.key, pos) if codec else section)
-            except (IndexError, ValueError, UnicodeDecodeError) as exc:
+            except FormatError as exc:  # decompression
+                raise SegmentReadError(part.key, pos, exc.reason) from exc
+            except (IndexError, ValueError, UnicodeDecodeError, OverflowError) as exc:  # Overflow: beyond int64
                 raise SegmentReadError(part.key, pos, f"malformed records: {exc}") from exc
         pos += size
         if builder.rows >= max_rows or builder.data_bytes >= window_bytes:
             batch = builder.flush(part.first_offset, part.last_offset)
             if batch is not None and batch.num_rows:
                 yield batch
+    _check_end(part, pos, crc)
+    batch = builder.flush(part.first_offset, part.last_offset)
+    if batch is not None and batch.num_rows:
+        yield batch
+
+
+def _read_slice_native(
+    store: RemoteStore, part: SegmentSlice, *, window_bytes: int, max_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """``read_slice`` through the compiled decoder: the same checks, in the same order, and the same
+    errors, on whole windows at a time with the GIL released (``tiering_native.ColumnDecoder``)."""
+    assert NATIVE is not None
+    low, high = part.copy_offsets or (0, 2**63 - 1)
+    decoder = NATIVE.ColumnDecoder(part.first_offset, part.last_offset, list(part.aborted), low, high)
+    crc = 0
+    pos = part.start
+    buf = b""
+    buf_start = pos
+    while pos < part.end:
+        buf, buf_start, local, _ = _window(store, part, pos, buf, buf_start, window_bytes)
+        try:  # decodes the batch at ``local`` (which _window made whole) and those after it that fit
+            after = decoder.decode(buf, local, max_rows, window_bytes)
+        except NATIVE.DecodeError as exc:
+            raise SegmentReadError(part.key, buf_start + exc.args[1], exc.args[2]) from exc
+        if part.object_size is not None:
+            crc = crc32c.crc32c(memoryview(buf)[local:after], crc)
+        pos = buf_start + after
+        if decoder.rows >= max_rows or decoder.data_bytes >= window_bytes:
+            batch = native_batch(part.topic, part.partition, decoder)
+            if batch is not None:
+                yield batch
+    _check_end(part, pos, crc)
+    batch = native_batch(part.topic, part.partition, decoder)
+    if batch is not None:
+        yield batch
+
+
+def _window(store: RemoteStore, part: SegmentSlice, pos: int, buf: bytes, buf_start: int,
+            window_bytes: int) -> tuple[bytes, int, int, int]:  # fmt: skip
+    """The window holding the batch at ``pos`` whole (``buf`` if it does, else fetched): (window, where it
+    starts, where the batch is in it, the batch's size by its length field)."""
+    local = pos - buf_start
+    if len(buf) - local < HEADER_SIZE:
+        buf, buf_start, local = _fetch(store, part, pos, window_bytes), pos, 0
+    size = int.from_bytes(buf[local + 8 : local + 12], "big", signed=True) + LOG_OVERHEAD
+    if local + size > len(buf):  # the batch crosses the window's end: fetch it whole
+        buf, buf_start, local = _fetch(store, part, pos, max(window_bytes, size)), pos, 0
+    return buf, buf_start, local, size
+
+
+def _check_end(part: SegmentSlice, pos: int, crc: int) -> None:
+    """After the last batch: it ended at the slice's end, and a whole object's CRC-32C is the manifest's."""
     if pos != part.end:
         raise SegmentReadError(part.key, pos, f"the last batch ends past the planned end {part.end}")
     if part.object_size is not None and crc != part.object_crc32c:
         raise SegmentReadError(part.key, 0, f"object CRC-32C {crc} differs from the manifest's {part.object_crc32c}")
-    batch = builder.flush(part.first_offset, part.last_offset)
-    if batch is not None and batch.num_rows:
-        yield batch
 
 
 def _fetch(store: RemoteStore, part: SegmentSlice, pos: int, length: int) -> bytes:

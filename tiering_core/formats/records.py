@@ -10,6 +10,7 @@ value from a table (one subscript instead of four operations: 15-20% faster, mea
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Iterator
 from functools import partial
@@ -20,6 +21,7 @@ import crc32c
 from tiering_core.errors import FormatError
 from tiering_core.formats.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, scan_headers
 from tiering_core.formats.compression import decompress
+from tiering_core.formats.native import NATIVE
 
 Header = tuple[str, bytes | None]
 
@@ -44,6 +46,7 @@ class ControlMarker(NamedTuple):
     coordinator_epoch: int | None
 
 
+_native = NATIVE  # the compiled decoder, or None (tests set it to None to run the reference)
 _CONTROL_TYPES = {0: "ABORT", 1: "COMMIT", 2: "LEADER_CHANGE", 3: "SNAPSHOT_HEADER", 4: "SNAPSHOT_FOOTER"}
 _new = tuple.__new__
 _I16 = struct.Struct(">h")
@@ -186,6 +189,11 @@ def batch_payload(path: str, buf: bytes | memoryview, header: BatchHeader, *, ve
     thread while it decodes records (``decode_payload``).
     """
     pos = header.position
+    if _native is not None:
+        try:
+            return _native.batch_payload(buf, pos, header.length, header.crc, header.attributes & 7, verify_crc)
+        except _native.DecodeError as exc:
+            raise FormatError(path, pos, exc.args[2]) from exc
     if verify_crc:
         actual = crc32c.crc32c(buf[pos + 21 : pos + LOG_OVERHEAD + header.length])
         if actual != header.crc:
@@ -208,7 +216,8 @@ def decode_payload_part(path: str, header: BatchHeader, data: bytes, pos: int, f
     record, that nothing follows it."""
     append_time = header.max_timestamp if header.attributes & 0x08 else None
     try:
-        records, pos = decode_records(data, pos, count, header.base_offset, header.base_timestamp, append_time, cls)
+        decode = decode_records if _native is None else _native.decode_records
+        records, pos = decode(data, pos, count, header.base_offset, header.base_timestamp, append_time, cls)
         if first + count >= header.records_count and pos != len(data):
             raise ValueError(f"{len(data) - pos} bytes remain after {header.records_count} records")
     except (IndexError, ValueError, UnicodeDecodeError) as exc:
@@ -243,6 +252,18 @@ def verify_batches(path: str, buf: bytes | memoryview, start: int = 0, end: int 
         if actual != header.crc:
             raise FormatError(path, pos, f"CRC-32C mismatch: stored {header.crc}, computed {actual}")
         yield header
+
+
+@contextlib.contextmanager
+def python_decoder() -> Iterator[None]:
+    """Decode with the pure-Python reference inside the block, even when the compiled decoder is installed
+    (benchmarks put the two side by side). Not thread-safe: it swaps a module global."""
+    global _native
+    saved, _native = _native, None
+    try:
+        yield
+    finally:
+        _native = saved
 
 
 def control_marker(record: Record) -> ControlMarker:

@@ -1,0 +1,208 @@
+//! tiering_native: Kafka record batches v2 decoded in compiled code.
+//!
+//! The pure-Python decoder (`tiering_core.formats`) is the reference; this module accepts and rejects
+//! exactly the same inputs (the differential tests in tests/unit/test_native_decoder.py hold it to
+//! that). Three entry points:
+//!
+//! - `batch_payload`: a batch's records section, CRC-32C checked and decompressed (GIL released);
+//! - `decode_records`: records of a records section as tuples of a given tuple type (the messages the
+//!   TieredConsumer returns), built straight from the bytes;
+//! - `ColumnDecoder`: whole batches into plain column buffers for Arrow (the Spark data source),
+//!   GIL released for the whole walk.
+//!
+//! Corrupt input raises `DecodeError(kind, position, reason)` (kind: "format", "unsupported" or
+//! "truncated", as FormatError, UnsupportedFormatError and TruncatedBatchError; position: the batch's
+//! byte position in the buffer given), or ValueError for malformed records in `decode_records`.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
+
+mod batch;
+mod columns;
+mod record;
+
+use batch::{Kind, LOG_OVERHEAD};
+
+create_exception!(tiering_native, DecodeError, PyValueError, "Corrupt input: args are (kind, position, reason).");
+
+/// A decoding failure outside the GIL, turned into DecodeError with it.
+pub struct Failure {
+    pub kind: Kind,
+    pub position: usize,
+    pub reason: String,
+}
+
+pub fn decode_error(f: Failure) -> PyErr {
+    let kind = match f.kind {
+        Kind::Format => "format",
+        Kind::Unsupported => "unsupported",
+        Kind::Truncated => "truncated",
+    };
+    DecodeError::new_err((kind, f.position, f.reason))
+}
+
+/// Run `f` on the bytes of `obj` (bytes, or any C-contiguous byte buffer: memoryview, mmap, bytearray).
+pub fn with_buffer<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+    if let Ok(bytes) = obj.cast::<PyBytes>() {
+        return Ok(f(bytes.as_bytes()));
+    }
+    let buffer = PyBuffer::<u8>::get(obj)?;
+    if !buffer.is_c_contiguous() {
+        return Err(PyTypeError::new_err("a C-contiguous byte buffer is required"));
+    }
+    // The exporter keeps the memory alive and unmoved while `buffer` is held (until the end of this call).
+    let data = unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
+    Ok(f(data))
+}
+
+/// The records section of the batch at ``position`` of ``buf`` (``length``: its length field), its
+/// CRC-32C checked against ``crc`` when ``verify_crc``, decompressed for ``codec`` 1-4. The GIL is
+/// released throughout.
+#[pyfunction]
+#[pyo3(signature = (buf, position, length, crc, codec, verify_crc=true))]
+fn batch_payload<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    position: usize,
+    length: usize,
+    crc: u32,
+    codec: u8,
+    verify_crc: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let result = with_buffer(buf, |data| {
+        py.detach(|| -> Result<Vec<u8>, Failure> {
+            let fail = |reason: String| Failure { kind: Kind::Format, position, reason };
+            if length < batch::HEADER_SIZE - LOG_OVERHEAD || position + LOG_OVERHEAD + length > data.len() {
+                return Err(fail(format!("batch of {} bytes extends past the buffer", length + LOG_OVERHEAD)));
+            }
+            if verify_crc {
+                batch::check_crc(data, position, length, crc).map_err(fail)?;
+            }
+            let section = &data[position + batch::HEADER_SIZE..position + LOG_OVERHEAD + length];
+            if codec == 0 {
+                return Ok(section.to_vec());
+            }
+            batch::decompress(codec, section).map_err(fail)
+        })
+    })?;
+    Ok(PyBytes::new(py, &result.map_err(decode_error)?))
+}
+
+/// A Python int from an i128 (the small-int path when it fits an i64).
+#[inline(always)]
+fn int(py: Python<'_>, value: i128) -> PyResult<*mut ffi::PyObject> {
+    Ok(match i64::try_from(value) {
+        Ok(v) => v.into_pyobject(py)?.into_ptr(),
+        Err(_) => value.into_pyobject(py)?.into_ptr(),
+    })
+}
+
+/// Checks that ``cls`` is tuple or a tuple subclass laid out as a tuple (no instance dict or extra
+/// slots: ``__slots__ = ()``), so its instances can be allocated as tuple.__new__ allocates them.
+fn tuple_type(cls: &Bound<'_, PyType>) -> PyResult<(*mut ffi::PyTypeObject, bool)> {
+    let tp = cls.as_type_ptr();
+    unsafe {
+        let tuple = &raw mut ffi::PyTuple_Type;
+        if tp == tuple {
+            return Ok((tp, true));
+        }
+        if ffi::PyType_IsSubtype(tp, tuple) == 0
+            || (*tp).tp_basicsize != (*tuple).tp_basicsize
+            || (*tp).tp_itemsize != (*tuple).tp_itemsize
+            || (*tp).tp_dictoffset != 0
+            || (*tp).tp_alloc.is_none()
+        {
+            return Err(PyTypeError::new_err("cls must be tuple or a tuple subclass with __slots__ = ()"));
+        }
+    }
+    Ok((tp, false))
+}
+
+/// Decode ``count`` records from byte ``pos`` of ``data`` (an uncompressed records section) as
+/// ``cls((offset, timestamp, key, value, headers))``: (the records, the position after them).
+/// ``log_append_time``: the batch's max timestamp under LogAppendTime (every record's timestamp),
+/// else None. ValueError on malformed records.
+#[pyfunction]
+#[pyo3(signature = (data, pos, count, base_offset, base_timestamp, log_append_time, cls))]
+#[allow(clippy::too_many_arguments)]
+fn decode_records<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    pos: usize,
+    count: i64,
+    base_offset: i64,
+    base_timestamp: i64,
+    log_append_time: Option<i64>,
+    cls: &Bound<'py, PyType>,
+) -> PyResult<(Bound<'py, PyList>, usize)> {
+    let (tp, exact) = tuple_type(cls)?;
+    with_buffer(data, |data| -> PyResult<(Bound<'py, PyList>, usize)> {
+        let mut pos = pos;
+        if pos > data.len() {
+            return Err(PyValueError::new_err("position past the records"));
+        }
+        let room = (data.len() - pos) / 7 + 1; // a record takes at least 7 bytes
+        let mut out: Vec<Bound<'py, PyAny>> = Vec::with_capacity((count.max(0) as usize).min(room));
+        let mut headers = Vec::new();
+        let none = py.None();
+        for _ in 0..count {
+            let f = record::parse(data, &mut pos, &mut headers).map_err(|m| PyValueError::new_err(m.0))?;
+            let ts = match log_append_time {
+                Some(t) => t as i128,
+                None => base_timestamp as i128 + f.ts_delta,
+            };
+            let blob = |span: Option<record::Span>| match span {
+                Some(s) => PyBytes::new(py, &data[s]).into_any().into_ptr(),
+                None => none.clone_ref(py).into_ptr(),
+            };
+            let header_tuple = if headers.is_empty() {
+                PyTuple::empty(py)
+            } else {
+                let items = headers.iter().map(|(k, v)| {
+                    // checked UTF-8 by record::parse
+                    let key = PyString::new(py, unsafe { std::str::from_utf8_unchecked(&data[k.clone()]) });
+                    let value = match v {
+                        Some(s) => PyBytes::new(py, &data[s.clone()]).into_any(),
+                        None => none.bind(py).clone(),
+                    };
+                    PyTuple::new(py, [key.into_any(), value]).unwrap()
+                });
+                PyTuple::new(py, items)?
+            };
+            let fields = [
+                int(py, base_offset as i128 + f.off_delta)?,
+                int(py, ts)?,
+                blob(f.key),
+                blob(f.value),
+                header_tuple.into_ptr(),
+            ];
+            unsafe {
+                let obj = if exact { ffi::PyTuple_New(5) } else { ((*tp).tp_alloc.unwrap())(tp, 5) };
+                if obj.is_null() {
+                    for item in fields {
+                        ffi::Py_DECREF(item);
+                    }
+                    return Err(PyErr::fetch(py));
+                }
+                for (i, item) in fields.into_iter().enumerate() {
+                    ffi::PyTuple_SET_ITEM(obj, i as ffi::Py_ssize_t, item);
+                }
+                out.push(Bound::from_owned_ptr(py, obj));
+            }
+        }
+        Ok((PyList::new(py, out)?, pos))
+    })?
+}
+
+#[pymodule]
+fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DecodeError", m.py().get_type::<DecodeError>())?;
+    m.add_function(wrap_pyfunction!(batch_payload, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_records, m)?)?;
+    m.add_class::<columns::ColumnDecoder>()?;
+    Ok(())
+}
