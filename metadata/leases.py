@@ -78,21 +78,26 @@ class EtcdLeases:
             if token is not None:
                 return token
             lease = self._ensure_lease()
-            key = self.key(topic_id, partition)
-            try:
-                self.client.create(key, self.owner, lease=lease)
-                found = self.client.get(key, metadata=True)
-            except Exception as exc:
-                raise LeaseError(f"etcd: acquiring {key}: {exc}") from exc
-            if not found:
-                return None
-            value, meta = found[0]
-            if value.decode() != self.owner or int(meta.get("lease", 0)) != lease.id:
-                return None
-            token = int(meta["create_revision"])
+        # etcd is asked outside the lock: a sidecar taking thousands of partitions (its first tick, a failover)
+        # takes them on all its task threads at once, not one after another
+        key = self.key(topic_id, partition)
+        try:
+            self.client.create(key, self.owner, lease=lease)
+            found = self.client.get(key, metadata=True)
+        except Exception as exc:
+            raise LeaseError(f"etcd: acquiring {key}: {exc}") from exc
+        if not found:
+            return None
+        value, meta = found[0]
+        if value.decode() != self.owner or int(meta.get("lease", 0)) != lease.id:
+            return None
+        token = int(meta["create_revision"])
+        with self._lock:
+            if self._lease is not lease:
+                return None  # lost meanwhile: the key went with the lease
             self._held[(topic_id, partition)] = token
-            log.info("partition lease acquired", key=key, token=token, owner=self.owner)
-            return token
+        log.info("partition lease acquired", key=key, token=token, owner=self.owner)
+        return token
 
     def is_held(self, topic_id: str, partition: int) -> bool:
         """Whether this sidecar may still upload the partition: call it before each upload step.
@@ -157,19 +162,25 @@ class EtcdLeases:
             self._check_keys(lease)
 
     def _check_keys(self, lease: Lease) -> None:
+        """Whether each held key is still ours: one range request per topic (not one GET per partition, which
+        at thousands of partitions took longer than the TTL and let the lease expire), answering every
+        sidecar's keys of that topic."""
         with self._lock:
             held = dict(self._held)
-        for (topic_id, partition), token in held.items():
+        topics: dict[str, dict[int, tuple[int, int]]] = {}
+        for topic_id in {t for t, _ in held}:
+            prefix = f"{self.prefix}/leases/{topic_id}/"
             try:
-                found = self.client.get(self.key(topic_id, partition), metadata=True)
+                found = self.client.get_prefix(prefix)
             except Exception as exc:
                 self._lose_all(f"etcd unreachable: {exc}")
                 return
-            if (
-                not found
-                or int(found[0][1]["create_revision"]) != token
-                or int(found[0][1].get("lease", 0)) != lease.id
-            ):
+            keys = topics[topic_id] = {}
+            for _, meta in found:
+                key = meta["key"].decode() if isinstance(meta["key"], bytes) else str(meta["key"])
+                keys[int(key.removeprefix(prefix))] = (int(meta["create_revision"]), int(meta.get("lease", 0)))
+        for (topic_id, partition), token in held.items():
+            if topics[topic_id].get(partition) != (token, int(lease.id)):
                 with self._lock:
                     self._held.pop((topic_id, partition), None)
                 log.error("partition lease key vanished or changed", topic_id=topic_id, partition=partition)
