@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian machine (run as root), idempotently:
-# etcd (and kcat, a reader the tests check the access layer with) from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
+# etcd (and kcat, a reader the tests check the access layer with, and promtool) from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
 # built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}); for the
 # containers backend, podman, runc and debootstrap from Debian (the images are built by
 # `tiering dev images`, which .ci/run calls, or on a stack's first start).
@@ -17,7 +17,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-for tool in java mvn go python3; do
+# promtool checks the shipped alert rules and dashboard queries (deploy/monitoring/) in the tests. It comes with
+# Debian's prometheus package, whose server is not wanted here: no recommends (node exporter), not enabled.
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "setup: installing promtool (Debian's prometheus package; its service stays off)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled prometheus >/dev/null 2>&1; then
+        systemctl disable --now prometheus >/dev/null 2>&1 || echo "setup: could not stop the prometheus service" >&2
+    fi
+fi
+for tool in java mvn go python3 cargo; do
     if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/local/go/bin/$tool" ]; then
         echo "setup: $tool is required but not installed" >&2
         exit 1
@@ -28,6 +39,10 @@ export PATH="$PATH:/usr/local/go/bin"
 echo "setup: installing the Python package and test extras (with PySpark and pyarrow for the export)"
 # A failed install fails the setup (and CI): pip's exit status is the step's, only its root warning is hidden.
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+echo "setup: building the compiled record decoder (native/: Rust with PyO3 through maturin; minutes the first time)"
+PIP_ROOT_USER_ACTION=ignore python3 -m pip wheel -q --disable-pip-version-check --no-deps -w native/dist ./native
+PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    native/dist/tiering_native-*.whl
 
 # pyenv's pip hook does not rehash for `python3 -m pip`: make the new `tiering` script visible.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
