@@ -1,7 +1,8 @@
 """``tiering topic`` and ``tiering cluster`` from an operator's host (issue 15, items 3 and 5): the bootstrap
 servers, the Kafka client settings and the store are enough (no log_dirs, no broker id); read-only commands create
 nothing; every command takes --timeout and exits 1 with one sentence when the cluster cannot be reached, the topic
-is missing or, for what needs it, the store does not answer; ``reader serve`` checks the cluster at start."""
+is missing or, for what needs it, the store does not answer; ``reader serve`` and ``export`` check the cluster at
+start."""
 
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ def test_unreachable_cluster_missing_topic_and_unreachable_store_are_one_sentenc
     service = tmp_path / "reader.yaml"
     service.write_text(yaml.safe_dump({"bootstrap_servers": f"127.0.0.1:{port}",
                                        "http": {"allow_unauthenticated": True}}))  # fmt: skip
-    for args in (["topic", "status", "T", "--config", str(down)], ["reader", "serve", "--config", str(service)]):
+    for args in (["topic", "status", "T", "--config", str(down)], ["reader", "serve", "--config", str(service)],
+                 ["export", "T", "--path", str(tmp_path / "out"), "--config", str(down)]):  # fmt: skip
         result = tiering(*args, "--timeout", "2")
         assert result.returncode == 1 and result.stdout == "", result.stderr
         line = lines(result.stderr)[-1]

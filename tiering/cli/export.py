@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tiering.cli.common import config_option, settings_from
+from tiering.cli.common import DEFAULT_TIMEOUT_SECONDS, check_cluster, config_option, settings_from
 from tiering_core.errors import TieringError
 from tiering_core.kafka_client import client_properties
 from tiering_core.stores.base import RemoteStoreError
@@ -22,10 +22,11 @@ from tiering_core.stores.base import RemoteStoreError
 console = Console(stderr=True)
 
 
-def user_log_starts(config_file: Path | None, topic: str) -> dict[str, dict[int, int]]:
+def user_log_starts(config_file: Path | None, topic: str, timeout: float) -> dict[str, dict[int, int]]:
     """The log start offsets users set on the topic with ``delete_records``, from the metadata (see
     ``MetadataCatalog.user_log_starts``): the export leaves the records below them out, as the broker and
-    the TieredConsumer do, also where a remote copy still holds them."""
+    the TieredConsumer do, also where a remote copy still holds them. A cluster that does not answer within
+    ``timeout`` is one sentence (exit 1), before Spark starts."""
     from reader.catalog import MetadataCatalog
     from reader.config import load_reader_settings
     from reader.errors import UnknownTopic
@@ -35,6 +36,7 @@ def user_log_starts(config_file: Path | None, topic: str) -> dict[str, dict[int,
     try:
         settings = load_reader_settings(config_file)
         cluster = KafkaCluster(settings.bootstrap_servers, client_config=client_properties(settings.kafka_client))
+        check_cluster(cluster.admin, settings.bootstrap_servers, timeout)
         catalog = MetadataCatalog(settings, open_store(settings.remote_storage), cluster, [topic]).start()
     except UnknownTopic:  # not a live topic: the planner reports what the store holds of it, if anything
         return {}
@@ -107,10 +109,13 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL (spark://host:7077, ...).")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration (repeatable).")
 @click.option("--show", type=click.IntRange(0, 1000), default=0, help="Print this many exported rows at the end.")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=DEFAULT_TIMEOUT_SECONDS, show_default=True,
+              metavar="SECONDS", help="How long the Kafka cluster may take to answer the driver's first metadata "
+              "request; past it the export exits 1, before Spark starts.")  # fmt: skip
 @config_option
 def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, incremental: bool, value_format: str,
            json_schema: str | None, include_local_tail: bool, master: str, confs: tuple[str, ...], show: int,
-           config_file: Path | None) -> None:  # fmt: skip
+           config_file: Path | None, timeout: float) -> None:  # fmt: skip
     """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading them from the object store.
 
     No broker data is read (unless --include-local-tail): the segments come from the remote store of the
@@ -145,7 +150,7 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         incremental=incremental, value_format=value_format, json_schema=json_schema,  # type: ignore[arg-type]
         local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
         local_tail_client=client_properties(settings.kafka_client) if include_local_tail else {},
-        log_starts=user_log_starts(config_file, topic),
+        log_starts=user_log_starts(config_file, topic, timeout),
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
