@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
 from metadata.partition import RemotePartitionState, RemoteSegment
 from metadata.records import MetadataRecord, RecordDecodeError, UnknownVersion
 from metadata.snapshot import (
@@ -75,6 +77,7 @@ class MetadataManager:
         self.on_failure = on_failure
         self.state = MetadataState()
         self.next_offsets: dict[int, int] = {}
+        self._apply_lag_ms = 0.0  # see take_apply_lag
         self.lock = threading.RLock()
         self._applied = threading.Condition(self.lock)
         self._rejections: OrderedDict[tuple[int, int], ApplyResult] = OrderedDict()
@@ -212,6 +215,7 @@ class MetadataManager:
         try:
             for batch in self.wal.read(dict(self.next_offsets), stop=stop, partitions=partitions):
                 self._apply_batch(batch)
+                self._note_apply_lag(batch)
                 self._maybe_snapshot()
         except BaseException as exc:
             self._follower_error = exc
@@ -290,6 +294,22 @@ class MetadataManager:
         end = self.wal.end_offsets(self.wal_partitions)
         with self.lock:
             return {p: max(0, e - self.next_offsets.get(p, 0)) for p, e in sorted(end.items())}
+
+    def _note_apply_lag(self, batch: list) -> None:
+        """Keep the largest age of a followed record when applied (replayed ones are old by design)."""
+        now_ms = time.time() * 1000
+        stamps = [m.timestamp() for m in batch]
+        ages = [now_ms - ms for kind, ms in stamps if kind != TIMESTAMP_NOT_AVAILABLE]
+        if ages:
+            with self.lock:
+                self._apply_lag_ms = max(self._apply_lag_ms, *ages)
+
+    def take_apply_lag(self) -> float:
+        """The largest age in seconds (now minus its Kafka timestamp) of a record when it was applied here, since
+        the previous call (0.0 when none was applied): how far this state trailed the WAL's writes."""
+        with self.lock:
+            lag, self._apply_lag_ms = self._apply_lag_ms, 0.0
+        return max(0.0, lag / 1000)
 
     def partition_state(self, topic_id: str, partition: int) -> RemotePartitionState | None:
         """Rx, Ry, remote size, segment counts, fence and deletion state; None for an unknown partition."""

@@ -54,6 +54,11 @@ class SidecarSettings(BaseSettings):
     copy_started_timeout_seconds: float = Field(
         default=900.0, gt=0, description="A COPY_SEGMENT_STARTED older than this is abandoned and swept."
     )
+    orphan_sweep_interval_seconds: float = Field(
+        default=3600.0, gt=0,
+        description="How often a partition's sweep lists its objects for orphans (one LIST per partition; also "
+        "on its first step after a start or a leadership change). Spread by +-25 % so partitions do not list at once.",
+    )  # fmt: skip
     remote_log_manager_incomplete_upload_abort_ms: int = Field(
         default=3_600_000, ge=1,
         description="A multipart upload under the prefix begun longer ago than this is aborted by the sweeper. A "

@@ -102,6 +102,32 @@ class SidecarMetrics:
             ("wal_partition",),
             registry=r,
         )
+        self.metadata_wal_lag_seconds = Gauge(
+            "tiering_metadata_wal_lag_seconds",
+            "How far this sidecar's metadata state trailed the WAL: the largest age (now minus the record's Kafka "
+            "timestamp) of a record when it was applied here, since the previous tick.",
+            registry=r,
+        )
+        self.ticks = Counter(
+            "tiering_sidecar_ticks",
+            "Sidecar ticks finished, by kind: full (every led partition, each rescan interval) or rolled (only the "
+            "partitions where the watcher saw a segment roll).",
+            ("kind",),
+            registry=r,
+        )
+        self.tick_seconds = Gauge(
+            "tiering_sidecar_tick_seconds",
+            "How long the last tick of each kind took (the partitions' steps, their uploads included, the janitor).",
+            ("kind",),
+            registry=r,
+        )
+        self.kafka_requests = Counter(
+            "tiering_kafka_requests",
+            "Admin requests to Kafka by API (Metadata, DescribeConfigs, ListOffsets, DeleteRecords): one per call "
+            "and leader broker; the metadata WAL's own producer and consumer are not counted.",
+            ("api",),
+            registry=r,
+        )
         self.store_unavailable = Gauge(
             "tiering_remote_store_unavailable",
             "1 while the remote store cannot be reached (the last request was refused, reset, timed out, or got "

@@ -3,7 +3,8 @@
 watchdog reports new ``.log`` files in the broker's log dirs (a roll creates the next segment's
 ``.log``); because inotify events can be lost (queue overflow, a log dir remounted), the sidecar
 also rescans everything every ``rescan_interval`` seconds. Events only say *which partitions* to
-look at soon; the rescan is what guarantees nothing is missed.
+look at soon; the rescan is what guarantees nothing is missed. The sidecar steps only the partitions
+an event names between its full rescans (see ``Sidecar.run_forever``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import FileCreatedEvent, FileMovedEvent, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from tiering_core.logs import get_logger
@@ -56,7 +57,11 @@ class SegmentWatcher:
         handler = _RollHandler(self)
         for d in self.log_dirs:
             if d.is_dir():
-                self._observer.schedule(handler, str(d), recursive=True)
+                # creations and renames only: inotify then never reports the appends (IN_MODIFY) that every
+                # produced batch makes to a partition's active segment, thousands a second on a busy broker
+                self._observer.schedule(
+                    handler, str(d), recursive=True, event_filter=[FileCreatedEvent, FileMovedEvent]
+                )
             else:
                 log.warning("log dir does not exist; only rescans will find it", log_dir=str(d))
         self._observer.start()

@@ -7,7 +7,7 @@ and failures surface as ``KafkaClusterError`` naming the topic or partition.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -96,11 +96,15 @@ class KafkaCluster:
     """A thin, typed view of the cluster for the sidecar and the CLI."""
 
     def __init__(
-        self, bootstrap: str, *, timeout: float = 15.0, client_config: Mapping[str, str] | None = None
-    ) -> None:
-        """``client_config``: further librdkafka properties (``kafka_client``: security...)."""
+        self, bootstrap: str, *, timeout: float = 15.0, client_config: Mapping[str, str] | None = None,
+        on_request: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        """``client_config``: further librdkafka properties (``kafka_client``: security...). ``on_request`` is
+        told the Kafka API of every admin call made (Metadata, DescribeConfigs, ListOffsets, DeleteRecords): one
+        call is one request per broker that leads the partitions asked about (librdkafka batches them)."""
         self.bootstrap = bootstrap
         self.timeout = timeout
+        self.on_request = on_request
         self._config = {"bootstrap.servers": bootstrap, **(client_config or {})}
         self.admin = admin_client(self._config)
 
@@ -121,7 +125,13 @@ class KafkaCluster:
             self.admin = admin_client(self._config)
             return self._describe(names)
 
+    def _request(self, api: str) -> None:
+        if self.on_request is not None:
+            self.on_request(api)
+
     def _describe(self, names: list[str]) -> dict[str, TopicInfo]:
+        self._request("Metadata")
+        self._request("DescribeConfigs")
         described = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
         resources = [ConfigResource("topic", n) for n in names]
         configs = self.admin.describe_configs(resources, request_timeout=self.timeout)
@@ -155,6 +165,7 @@ class KafkaCluster:
         names = sorted(set(names))
         if not names:
             return {}
+        self._request("Metadata")
         described = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
         out: dict[str, str | None] = {}
         for name, future in described.items():
@@ -168,10 +179,12 @@ class KafkaCluster:
         return out
 
     def topic_names(self) -> list[str]:
+        self._request("Metadata")
         metadata = self.admin.list_topics(timeout=self.timeout)
         return sorted(metadata.topics)
 
     def broker_ids(self) -> list[int]:
+        self._request("Metadata")
         return sorted(self.admin.list_topics(timeout=self.timeout).brokers)
 
     def local_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], LocalOffsets]:
@@ -209,6 +222,7 @@ class KafkaCluster:
     def _list_offsets(
         self, tps: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel
     ) -> dict[tuple[str, int], Any]:
+        self._request("ListOffsets")
         futures = self.admin.list_offsets(
             {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
         )
@@ -226,6 +240,7 @@ class KafkaCluster:
         Idempotent: asking for an offset at or below the current log start changes nothing.
         Returns the log start offset the broker reports afterwards.
         """
+        self._request("DeleteRecords")
         futures = self.admin.delete_records([TopicPartition(topic, partition, offset)], request_timeout=self.timeout)
         (future,) = futures.values()
         deleted = _wait(future, f"delete records of {topic}-{partition} before {offset}", self.timeout, self.bootstrap)

@@ -8,7 +8,9 @@ and the segments found corrupt.
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class PartitionTask:
         self.copying = True  # False once the topic is rolled back: nothing lags behind then
         self._gauges = threading.Lock()  # the lag monitor refreshes gauges from another thread
         self._closed = False
+        self._orphans_due = 0.0  # monotonic time of the next orphan listing: the first step lists
 
     def close(self) -> None:
         """The partition is led elsewhere now (or no longer tiered): remove its metric series and its
@@ -73,11 +76,25 @@ class PartitionTask:
                 retry.clear(scope, "local_retention")
             if settings is not None:
                 retry.run(scope, "remote_retention", lambda: apply_remote_retention(writer, local, offsets, settings))
-            retry.run(scope, "sweep", lambda: sweep(writer, offsets))
+            retry.run(scope, "sweep", lambda: self._sweep(writer, offsets))
             summary = self.ctx.manager.partition_state(scope.topic_id, scope.partition)
             self.ctx.metrics.remote_log_size_bytes.labels(**scope.labels).set(summary.remote_size if summary else 0)
             self.ctx.metrics.remote_stored_bytes.labels(**scope.labels).set(summary.stored_size if summary else 0)
         self._refresh_status()
+
+    def _sweep(self, writer: PartitionWriter, offsets: PartitionOffsets) -> None:
+        """The sweep, listing the partition's objects for orphans only when due: on the first step (after a
+        start or a leadership change, when a crash or a deposed leader may have left some) and then every
+        ``orphan_sweep_interval_seconds``, +-25 % at random so thousands of partitions do not list in one tick.
+        Listing every tick was one S3 LIST per partition per tick on an idle sidecar. Orphans are rare (objects
+        no metadata record names: a deposed leader's upload landing after its copy was deleted, a stray PUT)
+        and harmless until found: reads only follow the metadata."""
+        now = time.monotonic()
+        due = offsets.ry is not None and now >= self._orphans_due
+        sweep(writer, offsets, list_orphans=due)
+        if due:
+            interval = self.ctx.settings.orphan_sweep_interval_seconds
+            self._orphans_due = now + interval * random.uniform(0.75, 1.25)
 
     def _refresh_status(self) -> None:
         for name, value in self.ctx.retry.summary(self.scope).items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -41,6 +42,7 @@ class Sidecar:
     def __init__(self, ctx: SidecarContext) -> None:
         self.ctx = ctx
         ctx.manager.on_failure = self._on_metadata_failure
+        ctx.cluster.on_request = lambda api: ctx.metrics.kafka_requests.labels(api=api).inc()
         self.tasks: dict[tuple[str, int], PartitionTask] = {}
         self.janitor = DeletedTopicsJanitor(ctx)
         self.watcher = SegmentWatcher(ctx.settings.log_dirs)
@@ -68,10 +70,19 @@ class Sidecar:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         self.start()
+        rescan = self.ctx.settings.rescan_interval_seconds
         try:
+            last_full = time.monotonic()
+            self.tick()
             while not self.ctx.stopping.is_set():
-                self.tick()
-                self.watcher.wait(self.ctx.settings.rescan_interval_seconds)
+                rolled = self.watcher.wait(max(0.0, last_full + rescan - time.monotonic()))
+                if self.ctx.stopping.is_set():
+                    break
+                if rolled and time.monotonic() - last_full < rescan:
+                    self.tick(only=rolled)  # event-driven: only the partitions where a segment rolled
+                else:
+                    last_full = time.monotonic()
+                    self.tick()
         finally:
             self.close()
         failure = self.ctx.manager.failure
@@ -92,22 +103,32 @@ class Sidecar:
         self.ctx.stopping.set()
         self.watcher.wake()
 
-    def tick(self) -> None:
-        """One pass over every tiered partition this broker leads, then the deleted topics' cleanup.
+    def tick(self, only: set[str] | None = None) -> None:
+        """One pass over every tiered partition this broker leads, then the deleted topics' cleanup; with
+        ``only`` (partition directory names where a segment rolled), a pass over just those, no cleanup.
+
+        Between full rescans the watcher's events decide what to step: with thousands of partitions a roll in
+        one of them must not cost a pass over all (their segments, offsets and sweeps). Leadership is still
+        asked for the whole broker (one request), so partitions led elsewhere are let go at once.
 
         Nothing escapes: a partition's failure is its own (see PartitionTask.step), a failure to learn
         the cluster's state (Kafka unreachable) is the sidecar's and backs off like any operation.
         """
         if self.ctx.manager.failure is not None:
             return  # never act on a state that stopped following the WAL; run_forever is stopping
+        began = time.monotonic()
         self.ticks += 1
         self.ctx.retry.run(SIDECAR, "wal_lag", self._update_wal_lag)  # unknown while Kafka is down: backs off
-        if self.ctx.retry.run(SIDECAR, "tick", self._tick):
-            self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
+        if self.ctx.retry.run(SIDECAR, "tick", partial(self._tick, only)):
+            if only is None:
+                self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
         else:  # leadership could not be confirmed: hold no lease another leader may need
             self._release_leases(self.tasks)
         self.last_error = self.ctx.retry.summary(SIDECAR)["last_error"]
         write_status(self.ctx.settings.state_dir, self.status())
+        kind = "full" if only is None else "rolled"
+        self.ctx.metrics.tick_seconds.labels(kind=kind).set(time.monotonic() - began)
+        self.ctx.metrics.ticks.labels(kind=kind).inc()
 
     def status(self) -> dict[str, Any]:
         """The status as ``/status`` serves it and status.json holds it (copy lag as of now)."""
@@ -146,6 +167,8 @@ class Sidecar:
                 task.refresh_lag(directory, local)
 
     def _update_wal_lag(self) -> None:
+        self.ctx.metrics.metadata_wal_lag_seconds.set(self.ctx.manager.take_apply_lag())
+        self.ctx.metrics.kafka_requests.labels(api="ListOffsets").inc()  # the WAL's end offsets, just below
         for partition, records in self.ctx.manager.wal_lag().items():
             self.ctx.metrics.metadata_wal_lag.labels(wal_partition=str(partition)).set(records)
 
@@ -175,8 +198,8 @@ class Sidecar:
             self.ctx.retry.run(SIDECAR, "upload_sweep", partial(abort_stale_uploads, self.ctx))
             self.janitor.run()
 
-    def _tick(self) -> bool:
-        """Run the partitions' steps; True once they ran (then the janitor may run)."""
+    def _tick(self, only: set[str] | None) -> bool:
+        """Run the partitions' steps (those in ``only`` when given); True once they ran (then the janitor may run)."""
         led = led_partitions(self.ctx)
         for topic_id, (name, reason) in led.refused.items():
             if topic_id not in self.refused:  # once, not every tick
@@ -184,7 +207,8 @@ class Sidecar:
                           topic_id=topic_id, reason=reason)  # fmt: skip
                 self.refused.add(topic_id)
         self._let_go({p.key for p in led.partitions})
-        offsets = self.ctx.cluster.local_offsets([(p.topic.name, p.partition) for p in led.partitions])
+        stepped = [p for p in led.partitions if only is None or p.partition_dir.name in only]
+        offsets = self.ctx.cluster.local_offsets([(p.topic.name, p.partition) for p in stepped])
         futures = []
         now_led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}
         for p in led.partitions:
@@ -192,6 +216,8 @@ class Sidecar:
             if task is None:
                 task = self.tasks[p.key] = PartitionTask(self.ctx, p.topic.name, *p.key)
             now_led[p.key] = (task, p.partition_dir)
+        for p in stepped:
+            task = now_led[p.key][0]
             futures.append(self.pool.submit(task.step, p.facts(offsets[(p.topic.name, p.partition)])))
         self.led = now_led
         for future in futures:

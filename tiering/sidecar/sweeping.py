@@ -21,9 +21,10 @@ from tiering_core.objects import parse_key, partition_prefixes
 log = get_logger(__name__)
 
 
-def sweep(writer: PartitionWriter, offsets: PartitionOffsets) -> None:
+def sweep(writer: PartitionWriter, offsets: PartitionOffsets, *, list_orphans: bool) -> None:
     """Finish what crashed sidecars left: duplicate finished copies, stale STARTED copies, unfinished
-    deletions, orphans.
+    deletions, and with ``list_orphans`` orphans (the only part that asks the store anything: a LIST of the
+    partition's prefix, which the caller does not do every tick).
 
     A duplicate is a second COPY_SEGMENT_FINISHED of exactly the same offsets (a crash can leave one:
     a FINISHED record that lands late, after the retry finished its own copy). The copy reads prefer
@@ -44,7 +45,7 @@ def sweep(writer: PartitionWriter, offsets: PartitionOffsets) -> None:
         stale = seg.state == SegmentState.COPY_SEGMENT_STARTED and now - seg.event_time > timeout_ms
         if stale or seg.state == SegmentState.DELETE_SEGMENT_STARTED:
             writer.delete_copy(seg)
-    if offsets.ry is None:
+    if offsets.ry is None or not list_orphans:
         return
     orphans = []
     for prefix in partition_prefixes(ctx.prefix, topic, topic_id, partition):
