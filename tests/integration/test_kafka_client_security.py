@@ -75,8 +75,12 @@ def test_sidecar_and_reader_work_through_a_sasl_listener(
     assert [value for _, value in rows] == produced, "records read back differ from those produced"
     sources = [where.split(b" ")[1] for where, _ in rows]
     assert sources[:lx] == [b"remote"] * lx and set(sources[lx:]) <= {b"broker", b"remote"}
+    laptop = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k not in ("log_dirs", "broker_id",
+                                                                                    "state_dir")}  # fmt: skip
+    operator = tmp_path / "laptop.yaml"
+    operator.write_text(yaml.safe_dump(laptop))  # an operator's host: SASL settings, no broker settings
     status = subprocess.run(
-        [sys.executable, "-m", "tiering", "topic", "status", topic, "--json", "--config", str(path)],
+        [sys.executable, "-m", "tiering", "topic", "status", topic, "--json", "--config", str(operator)],
         capture_output=True, text=True, env=env, timeout=180,
     )  # fmt: skip
     assert status.returncode == 0, status.stderr[-3000:]
