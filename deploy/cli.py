@@ -14,7 +14,6 @@ from rich.table import Table
 from deploy import images, stack
 from deploy.errors import StackError
 
-
 REDACTED = "<redacted>"
 
 
