@@ -62,6 +62,7 @@ from reader.errors import (
 from reader.messages import TieredEvent, TieredMessage, message_class
 from reader.remote import RemoteReader
 from reader.stream import PartitionStream
+from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -298,9 +299,24 @@ class TieredConsumer:
             part.stream = None
         part.pending, part.next = [], 0
 
+    def _broker_log_start(self, part: _Partition) -> int | None:
+        """The broker's log start offset of the partition, or None when Kafka did not answer it now: while
+        leadership moves (a reassignment, a broker restart) ListOffsets answers NOT_LEADER_OR_FOLLOWER or
+        FENCED_LEADER_EPOCH until the client's metadata catches up. Then the partition stays where it is and
+        asks again after ``RETRY_SECONDS``, as librdkafka hides a leader change from its consumer."""
+        try:
+            return self._catalog.cluster.log_start_offsets([part.tp])[part.tp]
+        except KafkaClusterError as exc:
+            log.info("broker's log start unknown; asking again", topic=part.tp[0], partition=part.tp[1],
+                     error=str(exc))  # fmt: skip
+            part.retry_at = time.monotonic() + RETRY_SECONDS
+            return None
+
     def _hand_over(self, part: _Partition, offset: int, out: list) -> None:
         """The remote data ends at ``offset``: continue from the broker there, if it still has it."""
-        lx = self._catalog.cluster.log_start_offsets([part.tp])[part.tp]
+        lx = self._broker_log_start(part)
+        if lx is None:
+            return
         if offset < lx:  # nothing holds [offset, lx): a hole, or data deleted meanwhile
             exc = OffsetOutOfRange(part.tp[0], part.tp[1], offset, self._catalog.remote_offsets(*part.tp)[0], lx)
             if self._reset not in _EARLIEST:
@@ -427,7 +443,9 @@ class TieredConsumer:
                 part.retry_at = time.monotonic() + RETRY_SECONDS
                 return False
             if stream.blocked_at is not None:  # a transaction decided beyond the remote data
-                lx = self._catalog.cluster.log_start_offsets([part.tp])[part.tp]
+                lx = self._broker_log_start(part)
+                if lx is None:
+                    return False
                 if stream.blocked_at >= lx:
                     self._hand_over(part, stream.blocked_at, out)
                     return False

@@ -43,13 +43,14 @@ class ReassignmentError(TieringError):
 
 
 def execute_reassignment(bootstrap: str, targets: dict[tuple[str, int], list[int]]) -> None:
-    """Start moving each (topic, partition) to its target replicas with ``kafka-reassign-partitions --execute``."""
+    """Start moving each (topic, partition) to its target replicas with ``kafka-reassign-partitions --execute``
+    (``--additional``: the tool refuses to start while another reassignment runs in the cluster, anyone's)."""
     plan = {"version": 1, "partitions": [{"topic": t, "partition": p, "replicas": r} for (t, p), r in targets.items()]}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="reassign-") as f:
         json.dump(plan, f)
         f.flush()
         result = run_kafka_tool(REASSIGN_TOOL, "--bootstrap-server", bootstrap, "--reassignment-json-file", f.name,
-                                "--execute")  # fmt: skip
+                                "--execute", "--additional")  # fmt: skip
     if result.returncode != 0 or "Successfully started" not in result.stdout:
         raise ReassignmentError(f"kafka-reassign-partitions --execute {plan} failed (exit {result.returncode}):\n"
                                 f"{(result.stdout + result.stderr)[-3000:]}")  # fmt: skip
