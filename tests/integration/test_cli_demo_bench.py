@@ -21,20 +21,37 @@ from tiering.cli.main import main
 pytestmark = pytest.mark.integration
 
 
+def run_tiering(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m tiering ...`` in a process of its own, stdout and stderr in one stream as a terminal shows
+    them: Spark's JVM writes to the process's file descriptors, which an in-process runner does not capture."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
+    return subprocess.run([sys.executable, "-m", "tiering", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
 def test_demo_shows_rolled_segments_and_records(stack: Endpoints) -> None:
-    result = CliRunner().invoke(main, ["demo", "--stack-dir", stack.stack_dir, "--mb", "3"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert "rolled" in result.output and "active" in result.output
-    assert "first records decoded from 00000000000000000000.log" in result.output
-    assert "enabled tiering for demo-orders-" in result.output
-    after = result.output.split("5. the broker's segments after local retention")[1]
+    """The whole story, and nothing else on the terminal: the Kafka clients' and Spark's log lines are in
+    the demo's log file; the last lines say how to stop the stack it leaves running."""
+    result = run_tiering("demo", "--stack-dir", stack.stack_dir, "--mb", "3", timeout=840)
+    assert result.returncode == 0, result.stdout
+    noise = [line for line in result.stdout.splitlines() if re.search(r"WARN|log4j|librdkafka|SLF4J|jdk\.", line)]
+    assert noise == [], noise
+    log = (Path(stack.stack_dir) / "demo.log").read_text()
+    assert "log4j" in log  # Spark's lines went there
+    ending = " ".join(result.stdout.split("the stack keeps running")[1].split())
+    assert f"stop them with: tiering dev down --dir {stack.stack_dir}" in ending
+    assert f"log lines are in {Path(stack.stack_dir) / 'demo.log'}" in ending
+    assert "rolled" in result.stdout and "active" in result.stdout
+    assert "first records decoded from 00000000000000000000.log" in result.stdout
+    assert "enabled tiering for demo-orders-" in result.stdout
+    after = result.stdout.split("5. the broker's segments after local retention")[1]
     status = after.split("6. tiering status")[1]
     assert "enabled" in status and "last error" in status
     read_back = " ".join(status.split("7. read it back from offset 0")[1].split())  # rich wraps lines
     assert "remote (S3)" in read_back and "broker" in read_back
     assert "records read back identical to what was produced, in order, no gap or duplicate" in read_back
     assert "the remote part ends at" in read_back and "the broker's begins at" in read_back
-    exported, proxied = result.output.split("8. export the tiered segments to Parquet")[1].split("9. any Kafka client")
+    exported, proxied = result.stdout.split("8. export the tiered segments to Parquet")[1].split("9. any Kafka client")
     exported = " ".join(exported.split())
     assert re.search(r"exported [\d,]+ records \(partition 0: offsets 0-\d+\)", exported)
     assert "first rows of the Parquet output" in exported and "source=demo" in exported

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import click
@@ -25,6 +29,27 @@ from tiering_core.kafka_logs import admin_client, kafka_logging
 from tiering_core.produce import produce_waiting
 
 console = Console()
+LOG_NAME = "demo.log"
+
+
+@contextmanager
+def stderr_to(path: Path) -> Iterator[None]:
+    """Send whatever the process writes to its stderr (file descriptor 2) to ``path`` while the block runs.
+
+    The descriptor, not only ``sys.stderr``: librdkafka's lines come through Python's logging, but Spark's
+    JVM (log4j's lines, the JVM's own WARNING lines) writes to the descriptor it inherited when PySpark
+    started it. It is restored before an error leaves the block, so the error itself is shown.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _value(i: int) -> bytes:
@@ -97,8 +122,13 @@ def show_sample(partition_dir: Path, count: int = 5) -> None:
     show_default=True,
     help="Megabytes of records to produce.",
 )
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help=f"Show the Kafka clients' and Spark's log lines here, between the steps (default: in <stack-dir>/{LOG_NAME}).",
+)
 @click.pass_context
-def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
+def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int, verbose: bool) -> None:
     """The whole loop on the local stack: produce, tier, delete locally, show the status, export.
 
     Starts the stack, produces to a topic with 1 MiB segments, shows the segments and a sample decoded
@@ -107,7 +137,23 @@ def demo(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
     the topic back from offset 0 through the TieredConsumer (the remote part first, then the broker's),
     exports the tiered segments to Parquet with Spark and prints a few rows, and ends by reading the
     topic from offset 0 with Kafka's own console consumer through the access layer (`tiering proxy`).
+
+    The log lines of the Kafka clients and of Spark go to <stack-dir>/demo.log (unless --verbose), and
+    the stack keeps running at the end (`tiering dev down` stops it).
     """
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    log_path = stack_dir / LOG_NAME
+    with nullcontext() if verbose else stderr_to(log_path):
+        story(click_ctx, stack_dir, megabytes)
+    console.rule("the stack keeps running")
+    console.print(f"Kafka, MinIO and etcd still run from {stack_dir}; stop them with: "
+                  f"tiering dev down --dir {stack_dir}")  # fmt: skip
+    if not verbose:
+        console.print(f"the Kafka clients' and Spark's log lines are in {log_path}")
+
+
+def story(click_ctx: click.Context, stack_dir: Path, megabytes: int) -> None:
+    """The demo's steps, each under its heading."""
     console.rule("1. the local stack")
     try:
         endpoints = stack.start(stack_dir)
