@@ -1,8 +1,10 @@
 """Moving segment bytes to and from the remote store (Kafka's RemoteStorageManager, in spirit).
 
-``copy`` validates the segment (every batch's CRC, read in windows so memory stays bounded), then
-uploads the ``.log`` streamed from the open file, the ``.indexes`` blob, and the manifest last. It
-reads through file descriptors opened before anything else, so Kafka renaming the segment to
+``copy`` uploads the ``.log`` part by part as it validates it (every batch's CRC, read once in
+part-sized windows so memory stays bounded): the store asks for the next part while earlier ones are
+in flight, each part is sent with the CRC-32C of the bytes validated, which the store verifies, and the
+upload is completed only once the whole segment passed; then the ``.indexes`` blob, and the manifest
+last. It reads through file descriptors opened before anything else, so Kafka renaming the segment to
 ``.deleted`` meanwhile does not matter, and only up to the size the segment had when the copy
 started. On any failure it deletes what it wrote (a cleanup failure is logged and never hides the
 first error) and raises. It knows nothing of the metadata WAL: the caller writes
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,60 +25,24 @@ import crc32c
 
 from tiering_core.crash_points import crash_point
 from tiering_core.errors import FormatError, TieringError
-from tiering_core.formats import VALIDATION_WINDOW, SegmentFiles, file_mtime_ms, segment_file_name, summarize_fd
+from tiering_core.formats import (
+    VALIDATION_WINDOW,
+    SegmentFiles,
+    SegmentSummary,
+    SegmentValidator,
+    file_mtime_ms,
+    segment_file_name,
+)
 from tiering_core.logs import get_logger
 from tiering_core.objects import INDEX_PARTS, Manifest, SegmentRef
 from tiering_core.ratelimit import RateLimiter
-from tiering_core.stores.base import ObjectNotFound, RemoteStore, RemoteStoreError
+from tiering_core.stores.base import ObjectNotFound, Part, RemoteStore, RemoteStoreError
 
 log = get_logger(__name__)
 
 
 class SegmentGone(TieringError):
     """The local segment disappeared before its copy started (Kafka's retention deleted it)."""
-
-
-class _FileRange:
-    """A read-only file object over bytes ``[0, length)`` of an open fd, rate limited.
-
-    Seekable (s3transfer reads parts by seeking); reads never go past ``length`` even if the file
-    grew, so a copy holds exactly the bytes that were validated.
-    """
-
-    def __init__(self, fd: int, length: int, limiter: RateLimiter | None) -> None:
-        self.fd = fd
-        self.length = length
-        self.pos = 0
-        self.limiter = limiter
-
-    def read(self, n: int = -1) -> bytes:
-        if n < 0 or self.pos + n > self.length:
-            n = self.length - self.pos
-        if n <= 0:
-            return b""
-        if self.limiter is not None:
-            self.limiter.acquire(n)
-        crash_point("copy.part")
-        data = os.pread(self.fd, n, self.pos)
-        self.pos += len(data)
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.length}[whence]
-        self.pos = max(0, min(self.length, base + offset))
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        """The descriptor belongs to the copier, which closes it; transfer libraries may call this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +61,8 @@ class LocalSegment:
 
 class SegmentCopier:
     def __init__(self, store: RemoteStore, prefix: str, *, limiter: RateLimiter | None = None,
-                 max_concurrent: int = 2, window: int = VALIDATION_WINDOW) -> None:  # fmt: skip
+                 max_concurrent: int = 2) -> None:  # fmt: skip
         self.store = store
-        self.window = window  # bytes read at a time while validating a segment
         self.prefix = prefix
         self.limiter = limiter
         self.slots = threading.BoundedSemaphore(max_concurrent)
@@ -106,8 +72,9 @@ class SegmentCopier:
 
         The copy is whole or nothing: its batches must cover exactly ``size`` bytes and every offset up
         to the next segment's base offset - 1, which the manifest then states. Raises SegmentGone if the
-        ``.log`` is gone, FormatError if it is corrupt or does not cover the segment (nothing uploaded),
-        RemoteStoreError if the store fails (whatever was uploaded is deleted again).
+        ``.log`` is gone, FormatError if it is corrupt or does not cover the segment (the upload, begun
+        with the first parts, is aborted: nothing is stored), RemoteStoreError if the store fails
+        (whatever was uploaded is deleted again).
         """
         with ExitStack() as files:
             try:
@@ -117,38 +84,71 @@ class SegmentCopier:
             files.callback(os.close, log_fd)
             extras = {name: _read_optional(path) for name, path in self._index_files(segment).items()}
             length = os.fstat(log_fd).st_size if size is None else size
-            summary, log_crc = summarize_fd(str(segment.files.log), log_fd, length, self.window)
-            if summary.last_offset != segment.next_base_offset - 1:
-                raise FormatError(
-                    str(segment.files.log), summary.size,
-                    f"batches end at offset {summary.last_offset}, but the next segment starts at "
-                    f"{segment.next_base_offset}: the segment would not be copied whole",
-                )  # fmt: skip
+            validator = SegmentValidator(str(segment.files.log), length)
             parts: dict[str, tuple[int, int]] = {}
             position = 0
             for name in INDEX_PARTS:
                 parts[name] = (position, len(extras[name]))
                 position += len(extras[name])
             indexes = b"".join(extras[name] for name in INDEX_PARTS)
-            manifest = Manifest(
-                topic=ref.topic,
-                topic_id=ref.topic_id,
-                partition=ref.partition,
-                segment_id=ref.segment_id,
-                base_offset=ref.base_offset,
-                end_offset=summary.last_offset,
-                max_timestamp=summary.max_timestamp if summary.max_timestamp >= 0 else file_mtime_ms(os.fstat(log_fd)),
-                leader_epochs=[(e, ref.base_offset) for e in summary.leader_epochs],
-                log_size=length,
-                log_crc32c=log_crc,
-                indexes_size=len(indexes),
-                indexes_crc32c=crc32c.crc32c(indexes),
-                index_parts=parts,
-                created_ms=int(time.time() * 1000),
-            )
+            log_key, index_key, manifest_key = ref.keys(self.prefix)
             with self.slots:
-                self._upload(ref, log_fd, length, indexes, manifest)
+                try:
+                    self.store.put_parts(log_key, log_fd, length, self._validated_parts(validator, log_fd, segment))
+                    summary, log_crc = validator.result()
+                    manifest = Manifest(
+                        topic=ref.topic,
+                        topic_id=ref.topic_id,
+                        partition=ref.partition,
+                        segment_id=ref.segment_id,
+                        base_offset=ref.base_offset,
+                        end_offset=summary.last_offset,
+                        max_timestamp=summary.max_timestamp if summary.max_timestamp >= 0
+                        else file_mtime_ms(os.fstat(log_fd)),
+                        leader_epochs=[(e, ref.base_offset) for e in summary.leader_epochs],
+                        log_size=length,
+                        log_crc32c=log_crc,
+                        indexes_size=len(indexes),
+                        indexes_crc32c=crc32c.crc32c(indexes),
+                        index_parts=parts,
+                        created_ms=int(time.time() * 1000),
+                    )  # fmt: skip
+                    stored = self.store.head(log_key)
+                    if stored != length:
+                        raise RemoteStoreError(f"{log_key} holds {stored} bytes after the upload, expected {length}")
+                    crash_point("copy.log_uploaded")
+                    self.store.put_bytes(index_key, indexes)
+                    crash_point("copy.indexes_uploaded")
+                    self.store.put_bytes(manifest_key, manifest.encode())
+                except BaseException as first:
+                    try:
+                        self.store.delete([manifest_key, index_key, log_key])
+                    except Exception as cleanup:
+                        log.error("cleaning up a failed copy failed", segment=str(ref), error=str(cleanup),
+                                  cause=str(first))  # fmt: skip
+                    raise
             return manifest
+
+    def _validated_parts(self, validator: SegmentValidator, log_fd: int, segment: LocalSegment) -> Iterator[Part]:
+        """The ``.log``'s parts for ``put_parts``, each read once (rate limited), validated in windows of
+        VALIDATION_WINDOW bytes and given with the CRC-32C of the bytes validated. The last part is given
+        only once the whole segment passed (``_check_covers``), so a segment that fails is never
+        completed in the store."""
+        length = validator.length
+        for offset in range(0, length, self.store.part_size):
+            size = min(self.store.part_size, length - offset)
+            if self.limiter is not None:
+                self.limiter.acquire(size)
+            crash_point("copy.part")
+            crc = 0
+            for start in range(offset, offset + size, VALIDATION_WINDOW):  # a small buffer, whatever the part size
+                crc = crc32c.crc32c(validator.read(log_fd, min(VALIDATION_WINDOW, offset + size - start)), crc)
+            part = Part(offset, size, crc)
+            if validator.read_to == length:
+                _check_covers(validator.result()[0], segment)
+            yield part
+        if length == 0:
+            validator.result()  # raises: a segment holds at least one batch
 
     def _index_files(self, segment: LocalSegment) -> dict[str, Path]:
         f = segment.files
@@ -159,28 +159,6 @@ class SegmentCopier:
             "producer_snapshot": segment.producer_snapshot(),
             "leader_epoch": segment.leader_epoch_checkpoint(),
         }
-
-    def _upload(self, ref: SegmentRef, log_fd: int, length: int, indexes: bytes, manifest: Manifest) -> None:
-        log_key, index_key, manifest_key = ref.keys(self.prefix)
-        by_path = f"/proc/self/fd/{log_fd}"  # the open descriptor: a rename to .deleted does not matter
-        try:
-            if self.limiter is None and os.fstat(log_fd).st_size == length and os.path.exists(by_path):
-                self.store.put_path(log_key, by_path, length)  # parts read from disk as they are sent
-            else:  # rate limited, or only a prefix of the file is the segment: stream through a file object
-                self.store.put_file(log_key, _FileRange(log_fd, length, self.limiter), length)
-            stored = self.store.head(log_key)
-            if stored != length:
-                raise RemoteStoreError(f"{log_key} holds {stored} bytes after the upload, expected {length}")
-            crash_point("copy.log_uploaded")
-            self.store.put_bytes(index_key, indexes)
-            crash_point("copy.indexes_uploaded")
-            self.store.put_bytes(manifest_key, manifest.encode())
-        except BaseException as first:
-            try:
-                self.store.delete([manifest_key, index_key, log_key])
-            except Exception as cleanup:
-                log.error("cleaning up a failed copy failed", segment=str(ref), error=str(cleanup), cause=str(first))
-            raise
 
     def delete(self, ref: SegmentRef) -> None:
         """Delete every object of the copy, manifest first, also under the legacy layout (idempotent)."""
@@ -208,3 +186,13 @@ def _read_optional(path: Path) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         return b""
+
+
+def _check_covers(summary: SegmentSummary, segment: LocalSegment) -> None:
+    """FormatError unless the batches end right before the next segment's base offset."""
+    if summary.last_offset != segment.next_base_offset - 1:
+        raise FormatError(
+            summary.path, summary.size,
+            f"batches end at offset {summary.last_offset}, but the next segment starts at "
+            f"{segment.next_base_offset}: the segment would not be copied whole",
+        )  # fmt: skip

@@ -17,6 +17,7 @@ from tiering.metrics import SidecarMetrics
 from tiering_core.stores.base import (
     IncompleteUpload,
     ObjectNotFound,
+    Part,
     RemoteStore,
     RemoteStoreError,
     StoreUnavailable,
@@ -29,6 +30,7 @@ class ObservedStore:
     def __init__(self, inner: RemoteStore, metrics: SidecarMetrics, probe_key: str) -> None:
         self.inner = inner
         self.endpoint = inner.endpoint
+        self.part_size = inner.part_size
         self.metrics = metrics
         self.probe_key = probe_key
         self.last_request = time.monotonic()
@@ -67,8 +69,8 @@ class ObservedStore:
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         self._observe("put", lambda: self.inner.put_file(key, fileobj, length))
 
-    def put_path(self, key: str, path: str, length: int) -> None:
-        self._observe("put", lambda: self.inner.put_path(key, path, length))
+    def put_parts(self, key: str, fd: int, length: int, parts: Iterable[Part]) -> None:
+        self._observe("put", lambda: self.inner.put_parts(key, fd, length, parts))
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._observe("put", lambda: self.inner.put_bytes(key, data))

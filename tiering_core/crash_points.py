@@ -20,7 +20,7 @@ from tiering_core.errors import ConfigError
 POINTS = {
     "metadata.appended": "a record is durable in the metadata WAL, not applied here yet (its writer never learns)",
     "copy.started": "COPY_SEGMENT_STARTED is durable, nothing uploaded yet",
-    "copy.part": "before the next part of the .log is read and sent, the earlier ones gone out (rate-limited copies)",
+    "copy.part": "before the next part of the .log is read, validated and sent, the earlier ones gone out or in flight",
     "copy.log_uploaded": "the .log is uploaded (multipart completed), the .indexes not yet",
     "copy.indexes_uploaded": "the .indexes are uploaded, the manifest not yet",
     "copy.manifest_written": "every object is written, COPY_SEGMENT_FINISHED not yet",

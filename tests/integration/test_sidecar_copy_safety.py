@@ -75,7 +75,7 @@ def produce_one_record_batches(bootstrap: str, topic: str, count: int, value_siz
 
 
 def test_window_edge_inside_a_zero_prefixed_batch_header_loses_nothing(stack: Endpoints, tmp_path: Path) -> None:
-    """Issue 7.1: 1,366-byte batches in a 12 MiB segment put the first 8 MiB validation window's edge 2 bytes
+    """Issue 7.1: 1,366-byte batches in a 12 MiB segment put the 8 MiB validation window edge 2 bytes
     into a batch header whose first bytes are zero (a small base offset). The old scan took that for the end
     of data, uploaded 8 MiB, published COPY_SEGMENT_FINISHED for the whole segment, and local retention then
     deleted offsets 6141-9210 that were nowhere else."""
@@ -85,9 +85,10 @@ def test_window_edge_inside_a_zero_prefixed_batch_header_loses_nothing(stack: En
     originals = snapshot_segments(partition_dir, tmp_path / "originals")
     assert list(originals) == [0], "expected one rolled segment"
     original = originals[0]
-    assert len(original) > VALIDATION_WINDOW
-    cut = next(h for h in scan_headers("original", original) if h.position < VALIDATION_WINDOW < h.position + h.size)
-    assert 1 <= VALIDATION_WINDOW - cut.position <= 16 and not any(original[cut.position : VALIDATION_WINDOW]), (
+    edge = 8 << 20  # window edges fall at every multiple of VALIDATION_WINDOW (and of the 5 MiB part size)
+    assert len(original) > edge and edge % VALIDATION_WINDOW == 0
+    cut = next(h for h in scan_headers("original", original) if h.position < edge < h.position + h.size)
+    assert 1 <= edge - cut.position <= 16 and not any(original[cut.position : edge]), (
         "the test data no longer puts a window edge inside a zero-prefixed batch header"
     )
     last_offset = max(decoded_offsets(original, "original"))

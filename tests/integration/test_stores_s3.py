@@ -8,11 +8,14 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from deploy.stack import Endpoints
+from tiering_core.errors import FormatError
 from tiering_core.stores import (
     IncompleteUpload,
     ObjectNotFound,
@@ -21,6 +24,7 @@ from tiering_core.stores import (
     S3StoreConfig,
     StoreUnavailable,
 )
+from tiering_core.stores.base import Part
 
 pytestmark = pytest.mark.integration
 
@@ -34,23 +38,72 @@ def config(stack: Endpoints, **overrides: object) -> S3StoreConfig:
     return S3StoreConfig(**values)
 
 
+def parts_of(body: bytes, part_size: int) -> list[Part]:
+    """The parts ``put_parts`` takes for ``body``, with the CRC-32C of each part's bytes."""
+    return [
+        Part(offset, len(chunk), crc32c.crc32c(chunk))
+        for offset in range(0, len(body), part_size)
+        for chunk in [body[offset : offset + part_size]]
+    ]
+
+
 def test_multipart_round_trip_ranges_and_delete(stack: Endpoints, tmp_path: Path) -> None:
     store = S3Store(config(stack))
     body = os.urandom(12 << 20)  # three parts
     path = tmp_path / "segment.log"
     path.write_bytes(body)
     key = f"store-test/{uuid.uuid4().hex}.log"
-    store.put_path(key, str(path), len(body))
+    single = f"store-test/{uuid.uuid4().hex}.log"
+    with path.open("rb") as f:
+        store.put_parts(key, f.fileno(), len(body), parts_of(body, 5 << 20))
+        store.put_parts(single, f.fileno(), 1000, parts_of(body[:1000], 5 << 20))  # one PutObject
     other = f"store-test/{uuid.uuid4().hex}.log"
     store.put_file(other, io.BytesIO(body), len(body))
     for k in (key, other):
         assert store.head(k) == len(body)
         assert store.get_range(k, 5 << 20, (5 << 20) + 99) == body[5 << 20 : (5 << 20) + 100]
-    assert store.get_bytes(key) == body
-    store.delete([key, other, key])
+    assert store.get_bytes(key) == body and store.get_bytes(single) == body[:1000]
+    store.delete([key, other, single, key])
     with pytest.raises(ObjectNotFound, match=re.escape(key)):
         store.get_range(key, 0, 1)
-    assert mine(store.incomplete_uploads("store-test/"), key, other) == []
+    assert mine(store.incomplete_uploads("store-test/"), key, other, single) == []
+
+
+@pytest.mark.parametrize("size", [1000, 12 << 20], ids=["single-put", "multipart"])
+def test_a_part_whose_bytes_differ_from_its_crc_stores_nothing(stack: Endpoints, tmp_path: Path, size: int) -> None:
+    """The file read differently the second time (the CRCs were computed from other bytes): S3 refuses the
+    part, the upload is aborted, no object and no incomplete upload is left."""
+    store = S3Store(config(stack, max_attempts=1))
+    body = os.urandom(size)
+    path = tmp_path / "segment.log"
+    path.write_bytes(body)
+    validated = bytearray(body)
+    validated[-1] ^= 1  # the last part's CRC is of other bytes
+    key = f"store-test/{uuid.uuid4().hex}.log"
+    with path.open("rb") as f, pytest.raises(RemoteStoreError, match=re.escape(key)):
+        store.put_parts(key, f.fileno(), size, parts_of(bytes(validated), 5 << 20))
+    assert store.head(key) is None
+    assert mine(store.incomplete_uploads("store-test/"), key) == []
+
+
+def test_an_error_from_the_parts_aborts_the_upload(stack: Endpoints, tmp_path: Path) -> None:
+    """The caller validates each part as it is taken: a corrupt second part stops the upload, begun with
+    the first; its error propagates and nothing is stored."""
+    store = S3Store(config(stack))
+    body = os.urandom(12 << 20)
+    path = tmp_path / "segment.log"
+    path.write_bytes(body)
+    key = f"store-test/{uuid.uuid4().hex}.log"
+
+    def validated() -> Iterator[Part]:
+        first, *_ = parts_of(body, 5 << 20)
+        yield first
+        raise FormatError(str(path), 5 << 20, "CRC-32C mismatch")
+
+    with path.open("rb") as f, pytest.raises(FormatError, match="CRC-32C mismatch"):
+        store.put_parts(key, f.fileno(), len(body), validated())
+    assert store.head(key) is None
+    assert mine(store.incomplete_uploads("store-test/"), key) == []
 
 
 def test_incomplete_uploads_are_listed_by_prefix_and_aborted(stack: Endpoints) -> None:
@@ -93,14 +146,18 @@ def test_unreachable_endpoint_is_a_clear_error(stack: Endpoints) -> None:
 def test_a_refused_upload_is_a_remote_store_error_naming_key_and_endpoint(
     stack: Endpoints, tmp_path: Path, size: int
 ) -> None:
-    """boto3's managed transfer raises S3UploadFailedError, outside botocore's hierarchy: it must not escape."""
+    """boto3's managed transfer (put_file) raises S3UploadFailedError, outside botocore's hierarchy, and put_parts
+    runs a multipart upload of its own: no error of either may escape the store's."""
     store = S3Store(config(stack))
     path = tmp_path / "segment.log"
     path.write_bytes(os.urandom(size))
     key = f"store-test/{'k' * 300}/{uuid.uuid4().hex}.log"  # MinIO refuses a path component over 255 bytes
-    for by_path in (True, False):
+    for by_parts in (True, False):
         with pytest.raises(RemoteStoreError) as caught, path.open("rb") as f:
-            store.put_path(key, str(path), size) if by_path else store.put_file(key, f, size)
+            if by_parts:
+                store.put_parts(key, f.fileno(), size, parts_of(path.read_bytes(), 5 << 20))
+            else:
+                store.put_file(key, f, size)
         assert not isinstance(caught.value, StoreUnavailable)
         assert key in str(caught.value) and stack.s3.endpoint_url in str(caught.value)
         assert "XMinioInvalidObjectName" in str(caught.value)

@@ -24,10 +24,11 @@ def write_segment(partition_dir: Path, base: int, batches: int, per_batch: int =
     return data
 
 
-def copier_and_ref(tmp_path: Path, window: int = 1024) -> tuple[SegmentCopier, SegmentRef, FileSystemStore]:
-    store = FileSystemStore(tmp_path / "remote")
+def copier_and_ref(tmp_path: Path, part_size: int = 1024) -> tuple[SegmentCopier, SegmentRef, FileSystemStore]:
+    """Parts of ``part_size`` bytes: the copy validates (and uploads) the segment in many windows."""
+    store = FileSystemStore(tmp_path / "remote", part_size=part_size)
     ref = SegmentRef("orders", "mXjDWYvGQ3SdP7gQi3DrqA", 0, 100, uuid.uuid4())
-    return SegmentCopier(store, "p", window=window), ref, store
+    return SegmentCopier(store, "p"), ref, store
 
 
 def test_copy_covers_the_segment_exactly(tmp_path: Path) -> None:

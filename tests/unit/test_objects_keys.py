@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import uuid
 from collections.abc import Iterable
 from typing import BinaryIO
@@ -20,6 +21,7 @@ from tiering_core.objects import (
     topic_dir,
 )
 from tiering_core.stores import ObjectNotFound
+from tiering_core.stores.base import Part, consecutive_parts
 
 TOPIC_ID = "mXjDWYvGQ3SdP7gQi3DrqA"
 
@@ -50,6 +52,7 @@ class DictStore:
     """An in-memory store without key limits (AWS S3 allows 1024-byte keys), for the layout logic."""
 
     endpoint = "memory://"
+    part_size = 8
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
@@ -57,9 +60,8 @@ class DictStore:
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         self.objects[key] = fileobj.read(length)
 
-    def put_path(self, key: str, path: str, length: int) -> None:
-        with open(path, "rb") as f:
-            self.put_file(key, f, length)
+    def put_parts(self, key: str, fd: int, length: int, parts: Iterable[Part]) -> None:
+        self.objects[key] = b"".join(os.pread(fd, p.size, p.offset) for p in consecutive_parts(key, parts, length, 8))
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_file(key, io.BytesIO(data), len(data))

@@ -2,7 +2,8 @@
 
 Both sides upload the same real segment files (produced into the broker of the local stack) to the
 same S3 endpoint, each in its own child process so that peak RSS is measured for that side alone.
-PUT requests (PutObject and UploadPart) are counted with a botocore event hook on both sides.
+PUT requests (PutObject and UploadPart) are counted with a botocore event hook on both sides, and each
+side's CPU time (all its threads, the upload alone) is reported per GB uploaded.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def child_main() -> None:
         puts += 1
 
     files = [Path(f) for f in spec["files"]]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if side == "ours":
         store = S3Store(config)
         store.client.meta.events.register("before-send.s3.PutObject", count)
@@ -69,8 +70,8 @@ def child_main() -> None:
         client.meta.events.register("before-send.s3.UploadPart", count)
         for f in files:
             client.upload_file(str(f), config.bucket, f"{config.prefix}/boto3/{f.name}")
-    seconds = time.perf_counter() - start
-    print(json.dumps({"side": side, "seconds": seconds, "puts": puts}))
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    print(json.dumps({"side": side, "seconds": seconds, "cpu_seconds": cpu_seconds, "puts": puts}))
 
 
 def run_sampled(args: list[str]) -> tuple[str, str, int, float]:
@@ -91,7 +92,8 @@ def run_sampled(args: list[str]) -> tuple[str, str, int, float]:
 def _produce(bootstrap: str, log_dir: Path, megabytes: int) -> list[Path]:
     topic = f"bench-upload-{os.getpid()}-{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    config = {"segment.bytes": str(128 * 1024 * 1024)}
+    # 128 MiB segments, smaller for a small run so that it still rolls a few
+    config = {"segment.bytes": str(min(128, megabytes // 4) * 1024 * 1024)}
     admin.create_topics([NewTopic(topic, 1, 1, config=config)])[topic].result(60)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20})
     value = os.urandom(8192)
@@ -110,12 +112,22 @@ def _produce(bootstrap: str, log_dir: Path, megabytes: int) -> list[Path]:
     show_default=True,
     help="Megabytes of segments to produce and upload on each side.",
 )
+@click.option(
+    "--rounds",
+    type=click.IntRange(1, 10),
+    default=2,
+    show_default=True,
+    help="Uploads of the files per side, in the order boto3, ours, ours, boto3, ... (a load that changes "
+    "while the benchmark runs weighs on both sides alike); seconds, CPU and PUTs are summed over rounds.",
+)
 @stack_dir_option
-def upload(size_mb: int, stack_dir: Path | None) -> None:
+def upload(size_mb: int, rounds: int, stack_dir: Path | None) -> None:
     """Upload throughput, peak RSS and PUTs per GB: our copier beside boto3's upload_file.
 
-    The last line is a JSON object with `ratio` (our MB/s / boto3 MB/s), `peak_rss_mb` (ours) and
-    `puts_per_gb` (ours). Targets: ratio >= 0.9, peak RSS <= 200 MB while uploading >= 1 GB.
+    The last line is a JSON object with `ratio` (our MB/s / boto3 MB/s), `peak_rss_mb` and
+    `boto3_peak_rss_mb`, `cpu_s_per_gb` and `boto3_cpu_s_per_gb` (CPU seconds of the uploading process
+    per GB), `puts_per_gb` and `boto3_puts_per_gb`. Targets: ratio >= 1.0 with a peak RSS at most
+    boto3's + 10 MB, while uploading >= 1 GB.
     """
     with bench_stack(stack_dir) as endpoints:
         files = _produce(endpoints.bootstrap, Path(endpoints.brokers[0].log_dir), size_mb)
@@ -126,23 +138,33 @@ def upload(size_mb: int, stack_dir: Path | None) -> None:
                    "endpoint_url": endpoints.s3.endpoint_url, "region": endpoints.s3.region, "path_style": True,
                    "access_key_id": endpoints.s3.access_key, "secret_access_key": endpoints.s3.secret_key},
         }  # fmt: skip
-        results = {}
-        for side in ("boto3", "ours"):
-            out, err, code, peak_mb = run_sampled([sys.executable, "-c", _CHILD, side, json.dumps(spec)])
-            if code != 0:
-                raise click.ClickException(f"{side} upload failed:\n{err[-2000:]}")
-            results[side] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": peak_mb}
-            click.echo(json.dumps({**results[side], "mb_s": total / 1e6 / results[side]["seconds"]}))
-        gb = total / 1e9
+        results = {
+            side: {"seconds": 0.0, "cpu_seconds": 0.0, "puts": 0, "peak_rss_mb": 0.0} for side in ("boto3", "ours")
+        }
+        for round_ in range(rounds):
+            for side in ("boto3", "ours") if round_ % 2 == 0 else ("ours", "boto3"):
+                out, err, code, peak_mb = run_sampled([sys.executable, "-c", _CHILD, side, json.dumps(spec)])
+                if code != 0:
+                    raise click.ClickException(f"{side} upload failed:\n{err[-2000:]}")
+                result = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": peak_mb}
+                click.echo(json.dumps({**result, "mb_s": total / 1e6 / result["seconds"]}))
+                summed = results[side]
+                for name in ("seconds", "cpu_seconds", "puts"):
+                    summed[name] += result[name]
+                summed["peak_rss_mb"] = max(summed["peak_rss_mb"], peak_mb)
+        gb = total * rounds / 1e9
         ours, theirs = results["ours"], results["boto3"]
         click.echo(json.dumps({
             "ratio": round(theirs["seconds"] / ours["seconds"], 3),
             "peak_rss_mb": round(ours["peak_rss_mb"], 1),
             "puts_per_gb": round(ours["puts"] / gb, 1),
-            "ours_mb_s": round(total / 1e6 / ours["seconds"], 1),
-            "boto3_mb_s": round(total / 1e6 / theirs["seconds"], 1),
+            "ours_mb_s": round(total * rounds / 1e6 / ours["seconds"], 1),
+            "boto3_mb_s": round(total * rounds / 1e6 / theirs["seconds"], 1),
             "boto3_peak_rss_mb": round(theirs["peak_rss_mb"], 1),
+            "cpu_s_per_gb": round(ours["cpu_seconds"] / gb, 2),
+            "boto3_cpu_s_per_gb": round(theirs["cpu_seconds"] / gb, 2),
             "boto3_puts_per_gb": round(theirs["puts"] / gb, 1),
             "bytes": total,
             "files": len(files),
+            "rounds": rounds,
         }))  # fmt: skip

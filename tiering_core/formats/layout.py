@@ -25,7 +25,9 @@ from tiering_core.formats.records import verify_batches
 
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 _SEGMENT_LOG = re.compile(r"^(?P<base>\d{20})\.log$")
-VALIDATION_WINDOW = 8 << 20  # bytes of a segment read at a time while validating it for a copy
+# Bytes of a segment read at a time while validating it for a copy; window edges fall at its multiples.
+# Small, as the buffer (window plus a batch cut by its edge) is the copy's only memory per segment.
+VALIDATION_WINDOW = 2 << 20
 
 
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
@@ -215,6 +217,19 @@ def summarize_buffer(name: str, buf: bytes | memoryview, end: int) -> SegmentSum
 def summarize_fd(name: str, fd: int, length: int, window: int = VALIDATION_WINDOW) -> tuple[SegmentSummary, int]:
     """Validate a rolled segment: exactly the bytes ``[0, length)`` of an open file, ``window`` at a time.
 
+    Returns the summary and the CRC-32C of the bytes ``[0, length)``; see SegmentValidator.
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1 byte, not {window}")
+    validator = SegmentValidator(name, length)
+    while validator.read_to < length:
+        validator.read(fd, min(window, length - validator.read_to))
+    return validator.result()
+
+
+class SegmentValidator:
+    """Validates a rolled segment as its bytes ``[0, length)`` are read in order, window by window.
+
     A rolled segment is immutable and Kafka trims it to its data, so its batches must cover the
     ``length`` bytes exactly (``summary.size == length``). A zero length field, a zero-filled or
     partial tail, or a file shorter than ``length`` raises FormatError: a scan that ends early must
@@ -222,51 +237,84 @@ def summarize_fd(name: str, fd: int, length: int, window: int = VALIDATION_WINDO
     fall anywhere, also inside a batch header whose first bytes are zero (the high bytes of a small
     base offset); the bytes after a window's last whole batch are scanned again with the next window.
 
-    Returns the summary and the CRC-32C of the bytes ``[0, length)``. Memory stays bounded by the
-    window plus the largest batch, whatever the segment size. Errors name absolute byte positions in
-    ``name`` (TruncatedBatchError for a batch cut by the end of ``length``).
+    Each window is read into one reused buffer, right after the carried bytes of a batch the previous
+    window cut, and checked in place (no copy of the window, no allocation per window): a copy
+    (``SegmentCopier``) reads every byte it uploads once, here, and hands each window's CRC-32C to
+    the store. Memory stays bounded by the window plus the largest batch, whatever the segment size.
+    Errors name absolute byte positions in ``name`` (TruncatedBatchError for a batch cut by the end
+    of ``length``).
     """
-    if window < 1:
-        raise ValueError(f"window must be at least 1 byte, not {window}")
-    acc = _Summarizer(name)
-    crc = 0
-    buf = b""
-    base = 0  # file position of buf[0]
-    while base < length:
-        read_to = base + len(buf)
-        if read_to < length:
-            chunk = os.pread(fd, min(window, length - read_to), read_to)
-            if not chunk:
-                raise FormatError(name, read_to, f"file ended at byte {read_to}, expected {length} bytes")
-            buf += chunk
-        final = base + len(buf) >= length
+
+    def __init__(self, name: str, length: int) -> None:
+        self.name = name
+        self.length = length
+        self.read_to = 0  # file position of the next byte to read
+        self.acc = _Summarizer(name)
+        self.crc = 0
+        self.buf = bytearray()
+        self.start = 0  # buf[start:filled] are bytes read and not yet consumed by a whole batch
+        self.filled = 0
+
+    def read(self, fd: int, size: int) -> memoryview:
+        """Read the next ``size`` bytes of the segment from ``fd`` and check every batch they complete.
+
+        Returns those bytes, valid until the next call (the buffer is reused).
+        """
+        carried = self.filled - self.start
+        if carried + size > len(self.buf):  # room for a batch of up to ``size`` bytes cut by the edge, too
+            grown = bytearray(max(carried + size, 2 * size))
+            grown[:carried] = self.buf[self.start : self.filled]
+            self.buf = grown
+        elif self.start:
+            self.buf[:carried] = self.buf[self.start : self.filled]
+        base = self.read_to - carried  # file position of buf[0]
+        window = memoryview(self.buf)
+        fresh = window[carried : carried + size]
+        got = 0
+        while got < size:
+            n = os.preadv(fd, [fresh[got:]], self.read_to + got)
+            if n == 0:
+                raise FormatError(self.name, self.read_to + got, f"file ended at byte {self.read_to + got}, "
+                                  f"expected {self.length} bytes")  # fmt: skip
+            got += n
+        self.read_to += size
+        self.start, self.filled = 0, carried + size
+        self._scan(window[: self.filled], base)
+        return fresh
+
+    def _scan(self, buf: memoryview, base: int) -> None:
+        final = self.read_to >= self.length
         consumed = 0
         try:
-            for header in verify_batches(name, buf, 0, len(buf)):
-                acc.add(header, base + header.position)
+            for header in verify_batches(self.name, buf, 0, len(buf)):
+                self.acc.add(header, base + header.position)
                 consumed = header.position + header.size
-                crc = crc32c.crc32c(buf[header.position : consumed], crc)
+                self.crc = crc32c.crc32c(buf[header.position : consumed], self.crc)
         except TruncatedBatchError as exc:  # cut by the window's end: more bytes are needed
-            if final or _past_end(buf, exc.position, base, length):
-                raise TruncatedBatchError(name, base + exc.position, exc.reason) from exc
+            if final or _past_end(buf, exc.position, base, self.length):
+                raise TruncatedBatchError(self.name, base + exc.position, exc.reason) from exc
         except FormatError as exc:
-            raise type(exc)(name, base + exc.position, exc.reason) from exc
+            raise type(exc)(self.name, base + exc.position, exc.reason) from exc
         else:
             # the scan stopped on zero bytes: under 12 of them at a window's end may be a header cut by
             # the edge; anywhere else (a zero length field, a zero-filled tail) it is not a batch
             left = len(buf) - consumed
             if left and (final or left >= LOG_OVERHEAD):
                 raise FormatError(
-                    name, base + consumed,
+                    self.name, base + consumed,
                     f"no record batch at byte {base + consumed} (zero length field or zero-filled bytes) in a "
-                    f"rolled segment of {length} bytes: its batches must cover it exactly",
+                    f"rolled segment of {self.length} bytes: its batches must cover it exactly",
                 )  # fmt: skip
-        buf = buf[consumed:]
-        base += consumed
-    return acc.result(), crc
+        self.start = consumed
+
+    def result(self) -> tuple[SegmentSummary, int]:
+        """The summary and the CRC-32C of the bytes ``[0, length)``, once they have all been read."""
+        if self.read_to < self.length:
+            raise ValueError(f"{self.name}: validated {self.read_to} of {self.length} bytes")
+        return self.acc.result(), self.crc
 
 
-def _past_end(buf: bytes, position: int, base: int, length: int) -> bool:
+def _past_end(buf: bytes | memoryview, position: int, base: int, length: int) -> bool:
     """Whether the batch at ``buf[position:]`` claims to extend past byte ``length`` of the file
     (reading further windows could not complete it: fail now, not after buffering the rest)."""
     if len(buf) - position < LOG_OVERHEAD:

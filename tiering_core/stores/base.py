@@ -3,6 +3,8 @@
 Contracts (every implementation):
 - ``put_file`` streams ``length`` bytes of an open file from ``offset``; memory stays bounded
   whatever the size. Overwriting a key replaces it whole. A failed put leaves no object.
+- ``put_parts`` uploads an open file part by part, each with the CRC-32C its caller computed, and
+  fails unless the bytes stored are the bytes those CRCs were computed from.
 - ``get_range(key, start, end)``: ``end`` is *inclusive*, as in HTTP ranges.
 - ``delete`` of a missing key is not an error (idempotent).
 - A put that never ends (the process crashed) leaves an ``IncompleteUpload``, invisible to ``list_keys``,
@@ -11,7 +13,7 @@ Contracts (every implementation):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -51,14 +53,46 @@ class IncompleteUpload:
     initiated_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Bytes ``[offset, offset + size)`` of a file being uploaded, and their CRC-32C (Castagnoli)."""
+
+    offset: int
+    size: int
+    crc32c: int
+
+
+def consecutive_parts(key: str, parts: Iterable[Part], length: int, part_size: int) -> Iterator[Part]:
+    """``parts``, checked as they are taken: consecutive from offset 0, ``part_size`` bytes each but the
+    last, ``length`` bytes in all (a caller's mistake raises ValueError before anything is completed)."""
+    position = 0
+    for part in parts:
+        expected = min(part_size, length - position)
+        if part.offset != position or part.size != expected or expected <= 0:
+            raise ValueError(f"upload of {key}: part {part} given, expected {expected} bytes at offset {position}")
+        position += part.size
+        yield part
+    if position != length:
+        raise ValueError(f"upload of {key}: parts end at byte {position}, expected {length}")
+
+
 class RemoteStore(Protocol):
     endpoint: str
+    part_size: int  # the bytes of each part ``put_parts`` takes (all but the last)
 
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
         """Upload ``length`` bytes read from ``fileobj`` (positioned at the start) to ``key``."""
 
-    def put_path(self, key: str, path: str, length: int) -> None:
-        """Upload the file at ``path`` (exactly ``length`` bytes), read from disk part by part."""
+    def put_parts(self, key: str, fd: int, length: int, parts: Iterable[Part]) -> None:
+        """Upload bytes ``[0, length)`` of the open file ``fd`` to ``key``, in ``parts`` (see
+        ``consecutive_parts``), each read from ``fd`` as it is sent.
+
+        A part is taken from ``parts`` only when it can be sent (a few ahead of those in flight), so the
+        caller may read and validate each one as it is asked for; an exception from ``parts`` aborts the
+        upload (nothing is stored) and propagates. The store checks each part's bytes against its CRC-32C
+        (S3 verifies the checksum header), so the object holds exactly the bytes the caller computed the
+        CRCs from, even if the file read differently the second time.
+        """
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
 

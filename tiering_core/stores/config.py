@@ -24,7 +24,7 @@ class S3StoreConfig(BaseModel):
     sse: Literal["AES256", "aws:kms"] | None = Field(default=None, description="Server-side encryption.")
     kms_key_id: str | None = None
     part_size: int = Field(default=8 << 20, ge=5 << 20, description="Multipart part size (S3 minimum 5 MiB).")
-    max_concurrency: int = Field(default=4, ge=1, le=64, description="Parts in flight per upload.")
+    max_concurrency: int = Field(default=8, ge=1, le=64, description="Parts in flight per upload.")
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
     max_attempts: int = Field(default=5, ge=1, description="Attempts per request, with backoff (botocore).")

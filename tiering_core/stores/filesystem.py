@@ -13,16 +13,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tiering_core.stores.base import IncompleteUpload, ObjectNotFound, RemoteStoreError
+import crc32c
+
+from tiering_core.stores.base import IncompleteUpload, ObjectNotFound, Part, RemoteStoreError, consecutive_parts
 
 _CHUNK = 1 << 20
 _TMP = ".tmp"
 
 
 class FileSystemStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, part_size: int = 8 << 20) -> None:
         self.root = Path(root)
         self.endpoint = f"file://{self.root}"
+        self.part_size = part_size  # the window a copy validates at a time (small in tests: many windows)
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -39,28 +42,45 @@ class FileSystemStore:
                 yield directory, name
 
     def put_file(self, key: str, fileobj: BinaryIO, length: int) -> None:
+        def chunks() -> Iterator[bytes]:
+            remaining = length
+            while remaining > 0:
+                chunk = fileobj.read(min(_CHUNK, remaining))
+                if not chunk:
+                    raise RemoteStoreError(f"source for {key} ended {remaining} bytes early")
+                remaining -= len(chunk)
+                yield chunk
+
+        self._write(key, chunks())
+
+    def put_parts(self, key: str, fd: int, length: int, parts: Iterable[Part]) -> None:
+        """Each part is read again and checked against its CRC-32C as it is written, as S3 checks it."""
+
+        def chunks() -> Iterator[bytes]:
+            for part in consecutive_parts(key, parts, length, self.part_size):
+                data = os.pread(fd, part.size, part.offset)
+                if len(data) != part.size or crc32c.crc32c(data) != part.crc32c:
+                    where = f"bytes {part.offset}-{part.offset + part.size - 1}"
+                    raise RemoteStoreError(f"upload of {key}: {where} read back differently from the CRC-32C given")
+                yield data
+
+        self._write(key, chunks())
+
+    def _write(self, key: str, chunks: Iterable[bytes]) -> None:
+        """Write the chunks to a temp file, fsync it and rename it into place (none on failure)."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP}")
         try:
             with tmp.open("wb") as out:
-                remaining = length
-                while remaining > 0:
-                    chunk = fileobj.read(min(_CHUNK, remaining))
-                    if not chunk:
-                        raise RemoteStoreError(f"source for {key} ended {remaining} bytes early")
+                for chunk in chunks:
                     out.write(chunk)
-                    remaining -= len(chunk)
                 out.flush()
                 os.fsync(out.fileno())
             tmp.replace(path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-
-    def put_path(self, key: str, path: str, length: int) -> None:
-        with open(path, "rb") as f:
-            self.put_file(key, f, length)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_file(key, io.BytesIO(data), len(data))

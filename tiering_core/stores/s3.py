@@ -1,18 +1,22 @@
 """A RemoteStore on S3 and S3-compatible servers, through boto3.
 
-Uploads go through boto3's managed transfer: multipart above ``multipart_threshold``, parts of
-``part_size`` bytes, ``max_concurrency`` parts in flight, each part's checksum (CRC32) computed by
-botocore and verified by the server; s3transfer aborts the multipart upload when anything fails, but a
-process killed mid-upload leaves it behind: ``incomplete_uploads`` and ``abort_upload`` let the sweeper
-find and abort those.
-Memory is bounded by about ``max_concurrency x part_size`` (parts are read from the file as they are
-sent). Credentials come from the standard AWS chain unless given explicitly.
+``put_parts`` (segment copies) runs its own multipart upload: parts of ``part_size`` bytes,
+``max_concurrency`` in flight on a thread pool, each streamed from the open file as it is sent (no part
+buffers) with the CRC-32C its caller computed while validating those bytes, which S3 verifies; one
+PutObject when the file fits in a part. When a part or the caller's validation fails the upload is
+aborted; a process killed mid-upload leaves it behind: ``incomplete_uploads`` and ``abort_upload`` let
+the sweeper find and abort those. ``put_file`` (snapshots) goes through boto3's managed transfer, which
+buffers up to ``max_concurrency`` parts. Credentials come from the standard AWS chain unless given
+explicitly.
 """
 
 from __future__ import annotations
 
+import base64
 import os
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, TypeVar
 
 import boto3
@@ -20,10 +24,19 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
-from tiering_core.stores.base import IncompleteUpload, ObjectNotFound, RemoteStoreError, StoreUnavailable
+from tiering_core.logs import get_logger
+from tiering_core.stores.base import (
+    IncompleteUpload,
+    ObjectNotFound,
+    Part,
+    RemoteStoreError,
+    StoreUnavailable,
+    consecutive_parts,
+)
 from tiering_core.stores.config import S3StoreConfig
 
 T = TypeVar("T")
+log = get_logger(__name__)
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 # The store is there but does not serve (after botocore's own retries): as unreachable as a refused connection.
 _UNAVAILABLE = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "XMinioServerNotInitialized"}
@@ -32,6 +45,8 @@ _UNAVAILABLE = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeo
 class S3Store:
     def __init__(self, config: S3StoreConfig) -> None:
         self.bucket = config.bucket
+        self.part_size = config.part_size
+        self.max_concurrency = config.max_concurrency
         self.max_attempts = config.max_attempts
         self.endpoint = config.endpoint_url or f"s3://{config.bucket}"
         boto_config = Config(
@@ -107,18 +122,64 @@ class S3Store:
             lambda: self.client.upload_fileobj(fileobj, self.bucket, key, ExtraArgs=extra, Config=self.transfer),
         )
 
-    def put_path(self, key: str, path: str, length: int) -> None:
-        """Like boto3's ``upload_file``: each part is read from the file when it is sent, so memory holds
-        no part buffers (the fastest and leanest path)."""
-        size = os.stat(path).st_size
-        if size != length:
-            raise RemoteStoreError(f"upload of {path} to {key}: the file has {size} bytes, expected {length}")
-        extra = {"ChecksumAlgorithm": "CRC32", **self.sse}
-        self._call(
-            "upload",
-            key,
-            lambda: self.client.upload_file(path, self.bucket, key, ExtraArgs=extra, Config=self.transfer),
-        )
+    def put_parts(self, key: str, fd: int, length: int, parts: Iterable[Part]) -> None:
+        parts = consecutive_parts(key, parts, length, self.part_size)
+        if length <= self.part_size:
+            part = next(parts)
+            body = _FileSlice(fd, 0, length)
+            self._call("put", key, lambda: self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentLength=length,
+                ChecksumCRC32C=_crc32c_header(part.crc32c), **self.sse,
+            ))  # fmt: skip
+            next(parts, None)  # the check that the one part covers the file
+            return
+        created = self._call("upload", key, lambda: self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32C", **self.sse,
+        ))  # fmt: skip
+        upload_id = created["UploadId"]
+        try:
+            sent = self._send_parts(key, upload_id, fd, parts)
+            self._call("upload", key, lambda: self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": sent},
+            ))  # fmt: skip
+        except BaseException as first:
+            try:
+                self.abort_upload(IncompleteUpload(key, upload_id, 0))
+            except Exception as cleanup:  # the sweeper aborts it later; the first error is the one to raise
+                log.error("aborting a failed upload failed", key=key, error=str(cleanup), cause=str(first))
+            raise
+
+    def _send_parts(self, key: str, upload_id: str, fd: int, parts: Iterable[Part]) -> list[dict[str, Any]]:
+        """Send the parts, ``max_concurrency`` at a time; the next part is taken (read and validated by
+        the caller) while those are in flight, and only once a slot is free is it sent."""
+        slots = threading.BoundedSemaphore(self.max_concurrency)
+        futures: list[Future[dict[str, Any]]] = []
+
+        def send(number: int, part: Part) -> dict[str, Any]:
+            try:
+                checksum = _crc32c_header(part.crc32c)
+                response = self._call(f"upload part {number} of", key, lambda: self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, ContentLength=part.size,
+                    Body=_FileSlice(fd, part.offset, part.size), ChecksumCRC32C=checksum,
+                ))  # fmt: skip
+                return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32C": checksum}
+            finally:
+                slots.release()
+
+        with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-part") as pool:
+            try:
+                for number, part in enumerate(parts, 1):
+                    slots.acquire()
+                    failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+                    if failed is not None:
+                        slots.release()
+                        failed.result()  # raises the part's error: stop reading the file
+                    futures.append(pool.submit(send, number, part))
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+            return [future.result() for future in futures]
 
     def put_bytes(self, key: str, data: bytes) -> None:
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": data, "ChecksumAlgorithm": "CRC32"}
@@ -201,3 +262,50 @@ class S3Store:
                     raise
 
         self._call("abort upload", upload.key, run)
+
+
+def _crc32c_header(crc: int) -> str:
+    """A CRC-32C as S3's ``x-amz-checksum-crc32c`` header states it: base64 of its 4 big-endian bytes."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+class _FileSlice:
+    """A read-only, seekable file object over bytes ``[start, start + length)`` of an open fd.
+
+    botocore reads a part body twice (the SigV4 payload hash over http, then the send) and seeks back to
+    its start to retry a request; pread leaves the fd's own position alone, so parts read concurrently.
+    """
+
+    def __init__(self, fd: int, start: int, length: int) -> None:
+        self.fd = fd
+        self.start = start
+        self.length = length
+        self.pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or self.pos + n > self.length:
+            n = self.length - self.pos
+        if n <= 0:
+            return b""
+        data = os.pread(self.fd, n, self.start + self.pos)
+        if not data:
+            raise RemoteStoreError(f"file ended at byte {self.start + self.pos} while sending it")
+        self.pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.length}[whence]
+        self.pos = max(0, min(self.length, base + offset))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """The descriptor belongs to the caller; botocore may call this."""
