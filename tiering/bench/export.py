@@ -111,13 +111,15 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     load and the JVM's warm-up then hit both alike). The last line is a JSON object with `ratio` (our
     rows/s / Spark Kafka source rows/s); `mb_s` counts
     the Kafka log bytes of the exported range (compressed, as stored), `record_mb_s` the key and value
-    bytes of the exported records, the same on both sides. Targets: ratio >= 1.0, stretch 2.0.
+    bytes of the exported records, the same on both sides; `decoder` names the record decoder (native or
+    python, see tiering_core.formats.native). Targets: ratio >= 1.0, stretch 2.0.
     """
     from reader.spark.options import parse_options, store_options
     from reader.spark.planning import plan_slices
     from reader.spark.session import export_session
     from reader.spark.slices import read_slice
     from reader.spark.source import plan, shared_store
+    from tiering_core.formats.native import DECODER
 
     with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
         topic = f"bench-export-{os.getpid()}-{int(time.time())}"
@@ -170,7 +172,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
                 f"the two sides exported different row counts: {ours['rows']} vs {theirs['rows']}"
             )
         click.echo(json.dumps({
-            "ratio": round(ours["rows_per_s"] / theirs["rows_per_s"], 3),
+            "ratio": round(ours["rows_per_s"] / theirs["rows_per_s"], 3), "decoder": DECODER,
             "ours_rows_per_s": ours["rows_per_s"], "ours_mb_s": ours["mb_s"], "ours_record_mb_s": ours["record_mb_s"],
             "spark_kafka_rows_per_s": theirs["rows_per_s"], "spark_kafka_mb_s": theirs["mb_s"],
             "spark_kafka_record_mb_s": theirs["record_mb_s"],
