@@ -77,6 +77,8 @@ class MetadataWal:
 
     # -- topic -------------------------------------------------------------------------------
     def _admin(self) -> AdminClient:
+        if self._closed.is_set():
+            raise WalError(f"the metadata WAL {self.topic} is closed")
         if self._admin_client is None:
             self._admin_client = admin_client({"bootstrap.servers": self.bootstrap, **self.client_config})
         return self._admin_client
@@ -169,6 +171,8 @@ class MetadataWal:
         with self._producer_lock:
             if self._producer is not None:
                 return self._producer
+            if self._closed.is_set():
+                raise WalError(f"the metadata WAL {self.topic} is closed")
             producer = self._producer = make_client(
                 Producer,
                 {
@@ -392,11 +396,12 @@ class MetadataWal:
         return f"it holds offsets {low}..{high - 1}" if high > low else f"it is empty at offset {high}"
 
     def close(self, flush_seconds: float | None = None) -> None:
-        """Stop the readers and the producer. Writes still queued get ``flush_seconds`` (default
-        ``timeout``), then are dropped (their ``append`` already failed, or will: not acknowledged).
-        The librdkafka handles are destroyed here, not later by the garbage collector: a client left
-        polling, or destroyed, during interpreter exit calls its Python log callback from a half torn-down
-        interpreter, which can crash it (SIGSEGV)."""
+        """Stop the readers and the producer and drop the admin client (idempotent; afterwards writes and
+        admin requests raise WalError, and ``read`` ends at once). Writes still queued get ``flush_seconds``
+        (default ``timeout``), then are dropped (their ``append`` already failed, or will: not acknowledged).
+        The librdkafka handles are destroyed here, not later by the garbage collector: a client left polling,
+        or destroyed, during interpreter exit calls its Python log callback from a half torn-down interpreter,
+        which can crash it (SIGSEGV). AdminClient has no ``close()``: dropping the last reference destroys it."""
         self._closed.set()
         _OPEN.discard(self)
         with self._producer_lock:
@@ -410,6 +415,7 @@ class MetadataWal:
             producer.close()
         with self._read_done:  # every read() returns within one poll once closed, closing its consumer
             self._read_done.wait_for(lambda: self._reading == 0, timeout=5)
+        self._admin_client = None  # last: a reader's integrity check may still be using it
 
 
 _OPEN: weakref.WeakSet[MetadataWal] = weakref.WeakSet()

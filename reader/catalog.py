@@ -94,10 +94,15 @@ class MetadataCatalog:
         return not self.absent
 
     def close(self) -> None:
-        if self.absent:
-            self.wal.close()
-            return
-        self.manager.close()
+        """Stop following and release the Kafka clients: the WAL's and ``cluster``'s (the catalog owns the
+        cluster it is given)."""
+        try:
+            if self.absent:
+                self.wal.close()
+            else:
+                self.manager.close()
+        finally:
+            self.cluster.close()
 
     def __enter__(self) -> MetadataCatalog:
         return self.start()

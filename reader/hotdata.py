@@ -16,6 +16,7 @@ import threading
 from typing import Protocol
 
 from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka.admin import AdminClient
 
 from reader.catalog import MetadataCatalog
 from reader.config import ReaderSettings
@@ -51,7 +52,7 @@ class HotDataPreloader:
         self.reader = reader
         self.interval = interval
         self.settings = reader.settings
-        self.admin = admin_client({"bootstrap.servers": reader.settings.bootstrap_servers,
+        self.admin: AdminClient | None = admin_client({"bootstrap.servers": reader.settings.bootstrap_servers,
                                    **client_properties(reader.settings.kafka_client)})  # fmt: skip
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="hot-data", daemon=True)
@@ -64,9 +65,12 @@ class HotDataPreloader:
         return self
 
     def close(self) -> None:
+        """Stop the thread and drop the admin client (AdminClient has no ``close()``: dropping the last
+        reference destroys its librdkafka handle)."""
         self.stop.set()
         if self.thread.is_alive():
             self.thread.join(30)
+        self.admin = None
 
     def _loop(self) -> None:
         seen = self.reader.fetcher.bytes_fetched
@@ -85,10 +89,13 @@ class HotDataPreloader:
     def committed_offsets(self) -> dict[tuple[str, int], set[int]]:
         """Committed offsets of every consumer group on the tiered topics this reader knows."""
         topics = self.reader.catalog.tiered_topics()
-        listed = self.admin.list_consumer_groups(request_timeout=10).result(15)
+        admin = self.admin
+        if admin is None:  # closed
+            return {}
+        listed = admin.list_consumer_groups(request_timeout=10).result(15)
         wanted: dict[tuple[str, int], set[int]] = {}
         for group in listed.valid[: self.settings.hot_data_max_groups]:
-            futures = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group.group_id)])
+            futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group.group_id)])
             for future in futures.values():
                 for tp in future.result(15).topic_partitions or []:
                     if tp.topic in topics and tp.offset >= 0 and tp.error is None:

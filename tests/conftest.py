@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from deploy import stack as stack_mod
 from deploy.errors import StackError
 from deploy.stack import BACKENDS, Backend, Endpoints
+from tests.kafka_clients import holders, open_clients
 
 BACKEND_ENV = "TIERING_TEST_BACKEND"
 
@@ -61,6 +62,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     destroyed later, during interpreter exit, can call back into Python (its log callback) and crash
     the process after every test passed."""
     gc.collect()
+
+
+_OPEN_BEFORE: set[int] = set()  # ids of the clients open when the previous module ended
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kafka_clients_released(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a module that leaves a confluent-kafka client open after its last test (and its module
+    fixtures: autouse, this one is torn down after them), naming what still holds each one.
+
+    Open means the librdkafka handle still exists (``tests/kafka_clients.py``): a Consumer or Producer
+    not closed and still referenced, or an AdminClient still referenced (it has no ``close()``; only
+    dropping the last reference destroys it). Such a client keeps reconnecting once the stack has
+    stopped ("Connection refused" at the end of the session) and can crash the interpreter's exit.
+    Clients already open when the previous module ended (a session fixture's, or another module's,
+    reported there) are left out. One ``gc.collect()`` and one scan of the heap per module."""
+    yield
+    gc.collect()
+    found = open_clients()
+    leaked = [client for client in found if id(client) not in _OPEN_BEFORE]
+    _OPEN_BEFORE.clear()
+    _OPEN_BEFORE.update(id(client) for client in found)
+    if leaked:
+        lines = [f"{type(client).__name__} held by {holders(client, ignore=(found, leaked))}" for client in leaked]
+        del found, leaked
+        pytest.fail(f"{request.node.nodeid} left Kafka clients open:\n  " + "\n  ".join(lines), pytrace=False)
 
 
 def _unavailable(what: str, exc: Exception) -> NoReturn:

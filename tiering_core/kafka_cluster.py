@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import ConfigResource, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from tiering_core.errors import TieringError
 from tiering_core.kafka_logs import admin_client
@@ -106,7 +106,26 @@ class KafkaCluster:
         self.timeout = timeout
         self.on_request = on_request
         self._config = {"bootstrap.servers": bootstrap, **(client_config or {})}
-        self.admin = admin_client(self._config)
+        self._admin: AdminClient | None = admin_client(self._config)
+
+    @property
+    def admin(self) -> AdminClient:
+        """The admin client (KafkaClusterError once ``close()`` was called)."""
+        if self._admin is None:
+            raise KafkaClusterError(f"the client of Kafka at {self.bootstrap} is closed")
+        return self._admin
+
+    def close(self) -> None:
+        """Release the admin client (idempotent). AdminClient has no ``close()``: its librdkafka handle
+        (threads, connections) is destroyed when the last reference goes, so this drops ours; a client left
+        alive keeps reconnecting after the cluster is gone."""
+        self._admin = None
+
+    def __enter__(self) -> KafkaCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
         """Describe topics; a missing topic raises KafkaClusterError naming it.
@@ -122,7 +141,7 @@ class KafkaCluster:
         except KafkaClusterError as exc:
             if "Timed out" not in str(exc) and "no answer" not in str(exc):
                 raise
-            self.admin = admin_client(self._config)
+            self._admin = admin_client(self._config)
             return self._describe(names)
 
     def _request(self, api: str) -> None:

@@ -78,7 +78,7 @@ def pods(stack3: Endpoints, tmp_path: Path) -> Iterator[Pod]:
     finally:
         for sidecar in pod.sidecars:
             (tmp_path / f"{sidecar.name}.log").write_text(container_stack.remove_sidecar(sidecar))
-        observer.manager.close()
+        observer.close()
 
 
 @dataclass

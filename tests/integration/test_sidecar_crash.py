@@ -78,7 +78,7 @@ def test_kill_9_during_uploads_loses_nothing_and_leaves_no_orphans(stack: Endpoi
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        observer.manager.close()
+        observer.close()
 
     bases = [s.base_offset for s in finished]
     assert len(bases) == len(set(bases)), "a segment reached COPY_SEGMENT_FINISHED twice"

@@ -253,7 +253,7 @@ def test_sigkill_at_every_crash_point_loses_nothing_and_leaves_nothing(stack: En
         workload.stopped.set()
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        observer.manager.close()
+        observer.close()
 
     assert len(hit) >= MIN_POINTS, f"only {len(hit)} crash points were hit: {hit}"
     for category, points in CATEGORIES.items():

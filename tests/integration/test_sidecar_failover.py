@@ -83,7 +83,7 @@ def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: E
             assert not result.accepted and "fenced" in (result.reason or "")
             finished = observer.manager.segments(topic_id, 0, FINISHED)
         finally:
-            observer.manager.close()
+            observer.close()
             stack_mod.restart_broker(stack3, old_leader)
 
     epochs = {s.leader_epoch for s in finished}

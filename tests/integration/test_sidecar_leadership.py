@@ -169,7 +169,7 @@ def test_a_deposed_leader_never_writes_with_the_new_leaders_epoch(stack3: Endpoi
         assert written == [], f"the deposed leader wrote {len(written)} copies with epoch {offsets.leader_epoch}"
         assert "another broker leads the partition" in (task.status.last_error or "")
     finally:
-        deposed.manager.close()
+        deposed.close()
         stack_mod.restart_broker(stack3, old_leader)
 
 
@@ -205,7 +205,7 @@ def test_the_lease_follows_leadership_to_the_new_leaders_sidecar(stack3: Endpoin
             finished = observer.manager.segments(topic_id, 0, FINISHED)
             assert max(s.leader_epoch for s in finished) > min(s.leader_epoch for s in finished)
         finally:
-            observer.manager.close()
+            observer.close()
             if old_leader is not None:
                 stack_mod.restart_broker(stack3, old_leader)
 

@@ -228,7 +228,7 @@ def test_move_expand_and_shrink_a_tiered_partition_while_producing(stack3: Endpo
         writer.stopped.set()
         for reader in readers:
             reader.stopping.set()
-        observer.manager.close()
+        observer.close()
 
     assert leading == {1: False, 2: False, 3: True}, "a sidecar still acts on a partition its broker lost"
     # every copy continues the previous one: no gap, none inside another (no duplicate)

@@ -10,7 +10,9 @@ import textwrap
 import threading
 import time
 
-from metadata.wal import MetadataWal
+import pytest
+
+from metadata.wal import MetadataWal, WalError
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -60,3 +62,15 @@ def test_a_wal_left_open_is_closed_at_interpreter_exit() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['wal-producer-poll', 'wal-reader']", "[] True"]
+
+
+def test_close_drops_the_admin_client_and_a_closed_wal_makes_no_new_client() -> None:
+    wal = MetadataWal(UNREACHABLE, "wal", 2, timeout=1.0)
+    wal._admin()
+    wal.close(flush_seconds=0.1)
+    assert wal._admin_client is None  # AdminClient has no close(): the last reference going destroys it
+    with pytest.raises(WalError, match="closed"):
+        wal.end_offsets()
+    with pytest.raises(WalError, match="closed"):
+        wal.append_payload(0, b"after close")
+    assert wal._admin_client is None and wal._producer is None

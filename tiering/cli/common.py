@@ -159,4 +159,4 @@ def admin_context(config_file: Path | None, timeout: float, *, read_only: bool =
             f"Kafka at {ctx.cluster.bootstrap} answered: {kafka_error_text(exc.args[0])}"
         ) from exc
     finally:
-        ctx.manager.close()
+        ctx.close()

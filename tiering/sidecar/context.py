@@ -44,6 +44,18 @@ class SidecarContext:
     def now_ms() -> int:
         return int(time.time() * 1000)
 
+    def close(self) -> None:
+        """Revoke the etcd lease, stop the metadata manager (its WAL clients) and release the cluster's admin
+        client (idempotent); each part is released even when one before it fails."""
+        try:
+            if self.leases is not None:
+                self.leases.close()
+        finally:
+            try:
+                self.manager.close()
+            finally:
+                self.cluster.close()
+
     @classmethod
     def build(cls, settings: SidecarSettings, *, writes_snapshots: bool = True) -> SidecarContext:
         """Everything the sidecar needs; ``writes_snapshots=False`` for observers, which only read them."""

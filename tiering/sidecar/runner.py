@@ -232,7 +232,5 @@ class Sidecar:
             self._monitor.join(timeout=30)
         if self.endpoint is not None:
             self.endpoint.close()
-        if self.ctx.leases is not None:
-            self.ctx.leases.close()
-        self.ctx.manager.close()
+        self.ctx.close()
         log.info("sidecar stopped")
