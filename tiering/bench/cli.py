@@ -12,6 +12,7 @@ from tiering.bench.fetch_service import http_bench
 from tiering.bench.metadata import metadata
 from tiering.bench.proxy import proxy_bench
 from tiering.bench.reassign import reassign_bench
+from tiering.bench.scale import scale
 from tiering.bench.upload import upload
 
 
@@ -33,5 +34,6 @@ bench.add_command(export)
 bench.add_command(http_bench)
 bench.add_command(metadata)
 bench.add_command(proxy_bench)
+bench.add_command(scale)
 bench.add_command(reassign_bench)
 bench.add_command(upload)
