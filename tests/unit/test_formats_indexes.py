@@ -19,6 +19,7 @@ from tiering_core.formats import (
     parse_txn_index,
     read_topic_id,
 )
+from tiering_core.formats.indexes import last_time_index_entry
 
 
 def test_offset_index_stops_at_preallocated_zeros() -> None:
@@ -29,6 +30,23 @@ def test_offset_index_stops_at_preallocated_zeros() -> None:
 def test_time_index_stops_at_preallocated_zeros() -> None:
     data = struct.pack(">qiqi", 1_000, 3, 2_000, 9) + b"\x00" * 120
     assert parse_time_index(data, 50) == [(1_000, 53), (2_000, 59)]
+
+
+@pytest.mark.parametrize("entries", [0, 1, 2, 3, 7, 64, 1000])
+@pytest.mark.parametrize("tail", [0, 1, 5, 4096])
+def test_last_time_index_entry_is_the_parsed_last(tmp_path: Path, entries: int, tail: int) -> None:
+    """The binary search over the file finds what parsing it whole finds, whatever the zero tail's length (a
+    trimmed rolled index has none, a preallocated active one a long one) and a torn last entry."""
+    rows = [(1_000 + 10 * i, 0 if i == 0 else 3 * i + 1) for i in range(entries)]
+    data = b"".join(struct.pack(">qi", *r) for r in rows) + b"\x00" * (12 * tail) + b"\x07" * (tail % 2)
+    path = tmp_path / "00000000000000000050.timeindex"
+    path.write_bytes(data)
+    parsed = parse_time_index(data, 50)
+    assert last_time_index_entry(path, 50) == (parsed[-1] if parsed else None)
+
+
+def test_last_time_index_entry_of_a_missing_file(tmp_path: Path) -> None:
+    assert last_time_index_entry(tmp_path / "gone.timeindex", 0) is None
 
 
 def test_txn_index_entries_and_partial_tail() -> None:

@@ -20,7 +20,7 @@ import crc32c
 
 from tiering_core.errors import FormatError
 from tiering_core.formats.batch import LOG_OVERHEAD, BatchHeader, TruncatedBatchError
-from tiering_core.formats.indexes import parse_time_index, read_file
+from tiering_core.formats.indexes import last_time_index_entry
 from tiering_core.formats.records import verify_batches
 
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
@@ -73,8 +73,8 @@ class SegmentFiles:
 
     def max_timestamp(self) -> int:
         """The largest record timestamp, from the last time-index entry (-1 when there is none)."""
-        entries = parse_time_index(read_file(self.timeindex), self.base_offset)
-        return entries[-1].timestamp if entries else -1
+        last = last_time_index_entry(self.timeindex, self.base_offset)
+        return -1 if last is None else last.timestamp
 
     def largest_timestamp(self) -> int:
         """The timestamp retention judges the segment by, as Kafka's ``LogSegment.largestTimestamp``:
