@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 from prometheus_client.metrics import MetricWrapperBase
 
 from tiering.metrics import SidecarMetrics
+from tiering.sidecar.endpoint import StatusEndpoint
 from tiering.sidecar.retry import SIDECAR, Retrier, Scope
 from tiering_core.backoff import Backoff
 
@@ -52,3 +55,21 @@ def test_consecutive_failures_are_exported_while_an_operation_fails_and_gone_onc
     assert failures() == {("orders", "3", "copy"): 2, ("", "", "tick"): 1}
     retrier.succeeded(scope, "copy")
     assert failures() == {("", "", "tick"): 1}
+
+
+def test_the_endpoint_serves_only_the_named_samples_when_asked() -> None:
+    """``/metrics?name[]=...``: polling one counter does not make the sidecar render every partition's series."""
+    metrics = SidecarMetrics()
+    metrics.ticks.labels(kind="full").inc()
+    metrics.copy_lag_bytes.labels(topic="a", partition="0").set(5)
+    endpoint = StatusEndpoint("127.0.0.1", 0, metrics.registry, dict)
+    try:
+        url = f"http://{endpoint.address}/metrics"
+        with urllib.request.urlopen(url + "?name[]=tiering_sidecar_ticks_total", timeout=10) as r:
+            some = r.read().decode()
+        with urllib.request.urlopen(url, timeout=10) as r:
+            every = r.read().decode()
+    finally:
+        endpoint.close()
+    assert 'tiering_sidecar_ticks_total{kind="full"} 1.0' in some and "copy_lag" not in some
+    assert 'tiering_sidecar_ticks_total{kind="full"} 1.0' in every and "copy_lag" in every

@@ -1,9 +1,11 @@
 """The sidecar's HTTP endpoint on ``metrics_host:metrics_port``.
 
-``/metrics`` serves the Prometheus text, ``/status`` the sidecar's status as JSON (what
-``<state_dir>/status.json`` holds: per partition the copy lag, the last error and the next retry).
-Requests are logged at debug level through the structured log (http.server would print plain lines
-to stderr).
+``/metrics`` serves the Prometheus text (``/metrics?name[]=a&name[]=b``: only those samples, as
+prometheus_client's own handler does; with thousands of partitions the whole text is tens of thousands of
+series, which a caller polling for one counter should not make the sidecar render), ``/status`` the
+sidecar's status as JSON (what ``<state_dir>/status.json`` holds: per partition the copy lag, the last
+error and the next retry). Requests are logged at debug level through the structured log (http.server
+would print plain lines to stderr).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -55,9 +57,12 @@ class _Handler(BaseHTTPRequestHandler):
     status: Callable[[], dict[str, Any]]
 
     def do_GET(self) -> None:
-        path = urlsplit(self.path).path.rstrip("/")
+        url = urlsplit(self.path)
+        path = url.path.rstrip("/")
         if path == "/metrics":
-            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
+            names = parse_qs(url.query).get("name[]")
+            registry = self.registry if not names else self.registry.restricted_registry(names)
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
         elif path == "/status":
             self._send(200, "application/json", json.dumps(self.status()).encode())
         elif path == "":
