@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from deploy.stack import Endpoints
 from tiering.cli.main import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SUMMARY = {"partitions", "idle_tick_s", "busy_tick_s", "idle_cpu_pct", "peak_rss_mb", "idle_requests_per_partition",
            "wal_lag_s", "status_s"}  # fmt: skip

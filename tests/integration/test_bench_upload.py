@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from deploy.stack import Endpoints
 from tiering.cli.main import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_bench_upload_prints_both_sides_and_a_json_summary_last(stack: Endpoints) -> None:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from deploy.stack import Endpoints
 from tiering.cli.main import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def run_tiering(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

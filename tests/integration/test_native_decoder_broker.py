@@ -18,7 +18,7 @@ from tests.conftest import create_topic
 from tests.decoders import DECODERS, column_outcome, outcome
 from tiering_core.formats import list_segments, parse_txn_index
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 BIG = 1_000_000

@@ -19,7 +19,7 @@ from tests.sidecar_harness import decoded_offsets, settings, sidecars_running, w
 from tiering.sidecar.context import SidecarContext
 from tiering_core.objects import SegmentRef
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FINISHED = [SegmentState.COPY_SEGMENT_FINISHED]
 
 

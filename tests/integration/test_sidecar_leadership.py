@@ -33,7 +33,7 @@ from tiering_core.formats import list_segments
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.objects import SegmentRef
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @dataclass

@@ -37,7 +37,7 @@ from tiering.sidecar.runner import Sidecar
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.stores.factory import open_store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @dataclass
