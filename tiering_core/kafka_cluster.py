@@ -84,6 +84,23 @@ def _wait(future: Future, what: str, timeout: float, bootstrap: str) -> Any:
         raise KafkaClusterError(f"could not {what} (Kafka at {bootstrap}): no answer within {timeout:.0f}s") from exc
 
 
+_LEADERSHIP_MOVED = {
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.LEADER_NOT_AVAILABLE,
+}
+
+
+def _leadership_moved(future: Future, timeout: float) -> bool:
+    """Whether ``future`` failed because the client's idea of the partition's leader is out of date."""
+    try:
+        error = future.exception(timeout=timeout)
+    except TimeoutError:
+        return False
+    return isinstance(error, KafkaException) and error.args[0].code() in _LEADERSHIP_MOVED
+
+
 def kafka_topic_id(text: str) -> str:
     """A topic id as Kafka prints it (URL-safe base64, no padding, as in partition.metadata).
 
@@ -241,10 +258,24 @@ class KafkaCluster:
     def _list_offsets(
         self, tps: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel
     ) -> dict[tuple[str, int], Any]:
+        """One ListOffsets request per leader. Right after leadership moved (a reassignment, a broker
+        restart) the leaders answer FENCED_LEADER_EPOCH or NOT_LEADER_OR_FOLLOWER to a client whose
+        metadata is older, and librdkafka's admin client does not refresh it on that answer (it waits for
+        its periodic refresh, 5 minutes): the topics' metadata is then asked for once and the request
+        sent again, so a sidecar on the new leader does not stall."""
         self._request("ListOffsets")
         futures = self.admin.list_offsets(
             {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
         )
+        stale = [f for f in futures.values() if _leadership_moved(f, self.timeout)]
+        if stale:
+            for topic in sorted({tp.topic for tp in tps}):
+                self._request("Metadata")
+                self.admin.list_topics(topic=topic, timeout=self.timeout)  # updates librdkafka's cache
+            self._request("ListOffsets")
+            futures = self.admin.list_offsets(
+                {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
+            )
         found = {}
         for tp, future in futures.items():
             what = f"list offsets of {tp.topic}-{tp.partition}"
