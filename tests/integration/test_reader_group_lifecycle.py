@@ -17,7 +17,7 @@ from deploy.stack import Endpoints
 from tests.group_harness import Group, zone_holds
 from tests.reader_harness import TieredTopic, tiered_topic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 6
 ZONES = ("remote", "overlap", "boundary", "broker")
 
