@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.bench_stack import bench_stack, stack_dir_option
+from deploy.procs import free_port
 from deploy.sidecar_config import write_sidecar_config
 from metadata.wal import MetadataWal, WalError
 from tiering.cli.main import main as tiering_main
@@ -53,12 +53,6 @@ SEGMENT_MS = 2000  # segments roll on the first append this long after they bega
 _TICKS = "tiering_sidecar_ticks_total{kind=full}"  # full ticks: the rolled ones step only a few partitions
 _TICK_S = "tiering_sidecar_tick_seconds{kind=full}"
 _POLLED = ("tiering_sidecar_ticks_total", "tiering_metadata_wal_lag_seconds")  # what waiting for a tick reads
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SidecarProcess:
@@ -213,7 +207,7 @@ def scale(partitions: int, segments: int, idle_ticks: int, rescan_seconds: float
         broker = endpoints.brokers[0].id
         base = yaml.safe_load(write_sidecar_config(endpoints, broker).read_text())
         stamp = f"{os.getpid()}-{int(time.time())}"
-        port = _free_port()
+        port = free_port()
         # its own metadata topic and prefix: the stack's other tiered topics (earlier runs') are not its business
         base["remote_storage"]["prefix"] = f"bench-scale-{stamp}"
         base.update(metadata_topic=f"__tiering_metadata_scale_{stamp}", metadata_partitions=50,
