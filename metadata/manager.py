@@ -317,6 +317,13 @@ class MetadataManager:
             p = self.state.partition(topic_id, partition)
             return None if p is None else p.summary()
 
+    def partition_changed(self, topic_id: str, partition: int) -> int:
+        """A number that changes whenever a record about the partition is applied (0 while none was): equal
+        answers mean its remote state is the same, without reading it."""
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            return 0 if p is None else p.changed
+
     def segment_for_offset(self, topic_id: str, partition: int, offset: int) -> RemoteSegment | None:
         """The COPY_SEGMENT_FINISHED copy holding ``offset`` (the highest leader epoch's where copies
         overlap), or None if no finished copy holds it."""

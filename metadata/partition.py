@@ -55,8 +55,8 @@ class RemotePartitionState(NamedTuple):
 
 class PartitionSegments:
     __slots__ = (
-        "base", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids", "log_starts", "max_span",
-        "max_ts", "order", "size", "state", "topic",
+        "base", "changed", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids", "log_starts",
+        "max_span", "max_ts", "order", "size", "state", "topic",
     )  # fmt: skip
 
     def __init__(self, topic: str) -> None:
@@ -75,6 +75,7 @@ class PartitionSegments:
         self.max_span = 0
         self.delete_state: PartitionDeleteState | None = None
         self.log_starts = LogStarts()
+        self.changed = 0  # MetadataState.changes when a record about this partition was last applied
 
     def __len__(self) -> int:
         return len(self.state)
@@ -252,7 +253,7 @@ class PartitionSegments:
             fresh.add(bytes(self.ids[r * 16 : r * 16 + 16]), self.state[r], self.epoch[r], self.event_time[r],
                       self.base[r], self.end[r], self.first_ts[r], self.max_ts[r], self.size[r])  # fmt: skip
         for name in self.__slots__:
-            if name not in ("fence", "delete_state", "log_starts", "topic"):
+            if name not in ("changed", "fence", "delete_state", "log_starts", "topic"):
                 setattr(self, name, getattr(fresh, name))
         return dropped
 

@@ -82,6 +82,9 @@ class MetadataState:
     cluster: ClusterTiering = field(default_factory=ClusterTiering)
     counters: Counters = field(default_factory=Counters)
     last_rejection: str | None = None
+    # records applied about any partition (accepted or not): each partition keeps the count as of its last one
+    # in ``changed``, so a reader can tell "nothing about this partition changed" without comparing its segments
+    changes: int = 0
 
     # -- applying ---------------------------------------------------------------------------
     def apply(self, record: MetadataRecord) -> ApplyResult:
@@ -118,6 +121,8 @@ class MetadataState:
         p = self.partitions.get((tid, partition))
         if p is None:
             p = self.partitions[(tid, partition)] = PartitionSegments(topic)
+        self.changes += 1
+        p.changed = self.changes
         return p
 
     def _apply_segment(self, f: tuple) -> ApplyResult:

@@ -59,6 +59,13 @@ class SidecarSettings(BaseSettings):
         description="How often a partition's sweep lists its objects for orphans (one LIST per partition; also "
         "on its first step after a start or a leadership change). Spread by +-25 % so partitions do not list at once.",
     )  # fmt: skip
+    unchanged_partition_recheck_seconds: float = Field(
+        default=300.0, gt=0,
+        description="A partition whose inputs (its directory, Kafka's offsets and leader epoch, its topic's configs "
+        "and tiering state, its remote metadata) did not change since a step that left nothing to do is not stepped "
+        "again until a time-based rule (retention.ms, local.retention.ms, a stale copy, the orphan listing) can fire, "
+        "or this long (+-25 %) has passed, like Kafka's log.retention.check.interval.ms (300000).",
+    )  # fmt: skip
     remote_log_manager_incomplete_upload_abort_ms: int = Field(
         default=3_600_000, ge=1,
         description="A multipart upload under the prefix begun longer ago than this is aborted by the sweeper. A "

@@ -121,6 +121,13 @@ class SidecarMetrics:
             ("kind",),
             registry=r,
         )
+        self.partition_steps = Counter(
+            "tiering_sidecar_partition_steps",
+            "Partition steps by outcome: run, or unchanged (skipped: nothing the step decides on changed since a "
+            "step that left nothing to do, and no time-based rule can fire yet).",
+            ("outcome",),
+            registry=r,
+        )
         self.kafka_requests = Counter(
             "tiering_kafka_requests",
             "Admin requests to Kafka by API (Metadata, DescribeConfigs, ListOffsets, DeleteRecords): one per call "

@@ -15,6 +15,7 @@ from tiering.policy import (
     copy_lag,
     local_retention_target,
     next_segment_to_copy,
+    next_time_rule_ms,
     remote_segments_to_expire,
 )
 from tiering_core.errors import ConfigError
@@ -166,3 +167,30 @@ def test_copy_lag_is_what_copying_would_take(part: tuple[list[LocalSegmentInfo],
         after = PartitionOffsets(offsets.lx, offsets.ly, offsets.lz, offsets.rx if offsets.rx is not None else
                                  decision.segment.base_offset, decision.end_offset)  # fmt: skip
         assert copy_lag(local, after) == (lag_bytes - decision.segment.size, lag_segments - 1)
+
+
+@given(partitions(), st.integers(-1, 5000), st.integers(-2, 5000), st.integers(0, 20_000), st.data())
+def test_retention_answers_the_same_until_the_next_time_rule(
+    part: tuple[list[LocalSegmentInfo], PartitionOffsets], total_ms: int, local_ms: int, now: int, data: st.DataObject
+) -> None:
+    """What the sidecar relies on to skip an unchanged partition: before ``next_time_rule_ms`` both retentions
+    answer as they do now; at it (when there is one) some segment's time rule has turned."""
+    local, offsets = part
+    if local_ms > total_ms >= 0 or (local_ms == -1 and total_ms >= 0):
+        local_ms = -2  # a local limit above the total one is refused (tested above)
+    settings = RetentionSettings(retention_ms=total_ms, local_retention_ms=local_ms)
+    remote = [RemoteSegmentInfo(str(i), s.base_offset, s.base_offset, s.size, s.max_timestamp + 7) for i, s in
+              enumerate(local[:-1])]  # fmt: skip
+    due = next_time_rule_ms(local, remote, settings, now)
+
+    def answers(at: int) -> tuple[object, ...]:
+        return local_retention_target(local, offsets, settings, at), remote_segments_to_expire(remote, settings, at)
+
+    later = data.draw(st.integers(now, (due if due is not None else now + 100_000) - 1))
+    assert answers(later) == answers(now)
+    if due is not None:
+        assert due > now
+        limits = [(settings.effective_local_ms, [s.max_timestamp for s in local if s.max_timestamp >= 0]),
+                  (settings.retention_ms, [s.max_timestamp for s in remote])]  # fmt: skip
+        turned = [ts for limit, stamps in limits if limit >= 0 for ts in stamps if due - ts - 1 == limit]
+        assert turned, "nothing turns at the time said"

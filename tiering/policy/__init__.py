@@ -11,6 +11,7 @@ from tiering.policy.retention import (
     RemoteSegmentInfo,
     RetentionSettings,
     local_retention_target,
+    next_time_rule_ms,
     remote_segments_to_expire,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "local_retention_target",
     "log_start_to_record",
     "next_segment_to_copy",
+    "next_time_rule_ms",
     "remote_segments_to_expire",
 ]

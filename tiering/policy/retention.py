@@ -144,3 +144,17 @@ def remote_segments_to_expire(
         remaining -= segment.size
         expired.append(segment)
     return expired
+
+
+def next_time_rule_ms(local: Sequence[LocalSegmentInfo], remote: Sequence[RemoteSegmentInfo],
+                      settings: RetentionSettings, now_ms: int) -> int | None:  # fmt: skip
+    """The first time after ``now_ms`` at which a time rule can judge a segment differently: some segment's largest
+    timestamp plus the limit plus 1 ms (``now - ts > limit`` turns true then). Until then ``local_retention_target``
+    and ``remote_segments_to_expire`` answer as they do now for the same other inputs. None when no time rule
+    applies to any segment (unlimited, or every threshold already passed)."""
+    times = []
+    if settings.effective_local_ms != UNLIMITED:
+        times += [s.max_timestamp + settings.effective_local_ms + 1 for s in local if s.max_timestamp >= 0]
+    if settings.retention_ms != UNLIMITED:
+        times += [s.max_timestamp + settings.retention_ms + 1 for s in remote]
+    return min((t for t in times if t > now_ms), default=None)

@@ -3,6 +3,8 @@ answers and the tiering state), the broker's local segments, and the offsets loc
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,54 @@ class PartitionFacts:
     tiering: TopicTiering
     uploads_allowed: bool  # tiered, and neither the topic's nor the cluster's uploads paused
     tiered: bool  # enabled, and neither the topic nor the cluster rolled back: local retention applies
+
+
+# A directory changed less than this before its mtime was read may change again within the same mtime (the kernel
+# stamps with a coarse clock): such an mtime proves nothing (as git treats a "racily clean" index entry).
+_RACY_NS = 2_000_000_000
+
+
+def settled_mtime_ns(directory: Path) -> int | None:
+    """The directory's mtime (a segment created, renamed or deleted, a checkpoint replaced: Kafka replaces files by
+    renaming), or None when it changed too recently to be trusted, or cannot be read."""
+    try:
+        mtime = os.stat(directory).st_mtime_ns
+    except OSError:
+        return None
+    return mtime if time.time_ns() - mtime > _RACY_NS else None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """Everything a partition's step decides on apart from the clock and its own failures: equal inputs after a
+    step that left nothing to do mean the next step would do nothing too (until a time-based rule fires)."""
+
+    partition_dir: Path
+    dir_mtime_ns: int
+    offsets: LocalOffsets
+    configs: dict[str, str]
+    tiering: TopicTiering
+    uploads_allowed: bool
+    tiered: bool
+    remote_changed: int
+
+
+def step_inputs(facts: PartitionFacts, manager: MetadataManager, scope: Scope) -> StepInputs | None:
+    """The partition's inputs now (read before the step reads anything, so a change during it shows next time), or
+    None when they cannot be pinned down (its directory changed a moment ago)."""
+    mtime = settled_mtime_ns(facts.partition_dir)
+    if mtime is None:
+        return None
+    return StepInputs(
+        facts.partition_dir,
+        mtime,
+        facts.offsets,
+        facts.topic.configs,
+        facts.tiering,
+        facts.uploads_allowed,
+        facts.tiered,
+        manager.partition_changed(scope.topic_id, scope.partition),
+    )
 
 
 def local_segments(partition_dir: Path) -> Local:

@@ -8,28 +8,48 @@ and the segments found corrupt.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from tiering.policy import OffsetViolation, PartitionOffsets, copy_lag
+from tiering.policy import OffsetViolation, PartitionOffsets, RetentionSettings, copy_lag, next_time_rule_ms
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.copy import CorruptSegments, copy_backlog
-from tiering.sidecar.facts import Local, PartitionFacts, local_segments, partition_offsets
+from tiering.sidecar.facts import (
+    Local,
+    PartitionFacts,
+    StepInputs,
+    local_segments,
+    partition_offsets,
+    settled_mtime_ns,
+    step_inputs,
+)
 from tiering.sidecar.leadership import fence
 from tiering.sidecar.retention import (
     apply_local_retention,
     apply_remote_retention,
+    finished_copies,
     record_log_start,
     retention_settings,
 )
 from tiering.sidecar.retry import Scope
 from tiering.sidecar.status import PartitionStatus
-from tiering.sidecar.sweeping import sweep
+from tiering.sidecar.sweeping import next_stale_ms, sweep
 from tiering.sidecar.writer import PartitionWriter
 from tiering_core.kafka_cluster import LocalOffsets
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """A step that left nothing to do: what it decided on, and until when the same inputs mean the same."""
+
+    inputs: StepInputs
+    next_rule_ms: int  # wall clock
+    orphans_due: float  # monotonic; infinite while nothing is remote (the orphan listing never runs then)
 
 
 class PartitionTask:
@@ -44,6 +64,8 @@ class PartitionTask:
         self._gauges = threading.Lock()  # the lag monitor refreshes gauges from another thread
         self._closed = False
         self._orphans_due = 0.0  # monotonic time of the next orphan listing: the first step lists
+        self._settled: _Settled | None = None  # the last step's inputs, when it left nothing to do
+        self._lag_inputs: tuple[object, ...] | None = None  # what the copy lag was last computed from
 
     def close(self) -> None:
         """The partition is led elsewhere now (or no longer tiered): remove its metric series and its
@@ -56,31 +78,74 @@ class PartitionTask:
 
     def step(self, facts: PartitionFacts) -> None:
         """Run each operation of the partition that is due. Never raises: a failing operation is recorded
-        (log with traceback, metrics, status) and retried after its backoff; the others go on."""
+        (log with traceback, metrics, status) and retried after its backoff; the others go on.
+
+        Skipped while nothing it decides on changed since a step that left nothing to do (see ``StepInputs``) and
+        no time-based rule can fire yet: on an idle broker with thousands of partitions most steps are skipped at
+        the cost of one ``stat`` each."""
+        inputs = step_inputs(facts, self.ctx.manager, self.scope)
+        if self._unchanged(inputs):
+            self.ctx.metrics.partition_steps.labels(outcome="unchanged").inc()
+            return
+        self.ctx.metrics.partition_steps.labels(outcome="run").inc()
+        self._settled = None
+        done = self._run(facts)
+        if done is not None and inputs is not None and not self.ctx.retry.failures(self.scope):
+            writer, local, offsets, settings = done
+            orphans_due = self._orphans_due if offsets.ry is not None else math.inf
+            self._settled = _Settled(inputs, self._next_rule_ms(writer, local, settings), orphans_due)
+        self._refresh_status()
+
+    def _run(self, facts: PartitionFacts) -> tuple[PartitionWriter, Local, PartitionOffsets, RetentionSettings] | None:
+        """The step's operations; what they decided on when every one ran (None when one could not)."""
         retry, scope = self.ctx.retry, self.scope
         self.copying = facts.tiered
         begun = retry.run(scope, "partition", lambda: self._begin(facts))
-        if begun is not None:
-            writer, local, offsets = begun
-            retry.run(scope, "log_start", lambda: record_log_start(writer, offsets))
-            if facts.uploads_allowed:
-                refreshed = partial(self._refreshed, local, facts.offsets)
-                retry.run(scope, "copy", lambda: copy_backlog(writer, local, offsets, self.corrupt, refreshed))
-                offsets = refreshed()
-            else:
-                retry.clear(scope, "copy")
-            settings = retry.run(scope, "retention", lambda: retention_settings(facts))
-            if settings is not None and facts.tiered:
-                retry.run(scope, "local_retention", lambda: apply_local_retention(writer, local, offsets, settings))
-            else:
-                retry.clear(scope, "local_retention")
-            if settings is not None:
-                retry.run(scope, "remote_retention", lambda: apply_remote_retention(writer, local, offsets, settings))
-            retry.run(scope, "sweep", lambda: self._sweep(writer, offsets))
-            summary = self.ctx.manager.partition_state(scope.topic_id, scope.partition)
-            self.ctx.metrics.remote_log_size_bytes.labels(**scope.labels).set(summary.remote_size if summary else 0)
-            self.ctx.metrics.remote_stored_bytes.labels(**scope.labels).set(summary.stored_size if summary else 0)
-        self._refresh_status()
+        if begun is None:
+            return None
+        writer, local, offsets = begun
+        retry.run(scope, "log_start", lambda: record_log_start(writer, offsets))
+        if facts.uploads_allowed:
+            refreshed = partial(self._refreshed, local, facts.offsets)
+            retry.run(scope, "copy", lambda: copy_backlog(writer, local, offsets, self.corrupt, refreshed))
+            offsets = refreshed()
+        else:
+            retry.clear(scope, "copy")
+        settings = retry.run(scope, "retention", lambda: retention_settings(facts))
+        if settings is not None and facts.tiered:
+            retry.run(scope, "local_retention", lambda: apply_local_retention(writer, local, offsets, settings))
+        else:
+            retry.clear(scope, "local_retention")
+        if settings is not None:
+            retry.run(scope, "remote_retention", lambda: apply_remote_retention(writer, local, offsets, settings))
+        retry.run(scope, "sweep", lambda: self._sweep(writer, offsets))
+        summary = self.ctx.manager.partition_state(scope.topic_id, scope.partition)
+        self.ctx.metrics.remote_log_size_bytes.labels(**scope.labels).set(summary.remote_size if summary else 0)
+        self.ctx.metrics.remote_stored_bytes.labels(**scope.labels).set(summary.stored_size if summary else 0)
+        if settings is None or self.ctx.stopping.is_set():
+            return None
+        return writer, local, offsets, settings
+
+    def _unchanged(self, inputs: StepInputs | None) -> bool:
+        """Whether this step can be skipped: the same inputs as the last step that left nothing to do, and no
+        time-based rule due (retention, a stale copy, the orphan listing, the periodic recheck)."""
+        settled = self._settled
+        return (
+            settled is not None and inputs == settled.inputs and self.ctx.now_ms() < settled.next_rule_ms
+            and time.monotonic() < settled.orphans_due
+        )  # fmt: skip
+
+    def _next_rule_ms(self, writer: PartitionWriter, local: Local, settings: RetentionSettings) -> int:
+        """The wall-clock time at which a time-based rule may next decide differently on the same inputs: a
+        retention limit reached, a COPY_SEGMENT_STARTED going stale, or the periodic recheck."""
+        now = self.ctx.now_ms()
+        recheck = self.ctx.settings.unchanged_partition_recheck_seconds * 1000 * random.uniform(0.75, 1.25)
+        rules = (
+            now + int(recheck),
+            next_time_rule_ms([s for s, _ in local], finished_copies(writer)[1], settings, now),
+            next_stale_ms(writer, now),
+        )
+        return min(t for t in rules if t is not None)
 
     def _sweep(self, writer: PartitionWriter, offsets: PartitionOffsets) -> None:
         """The sweep, listing the partition's objects for orphans only when due: on the first step (after a
@@ -116,8 +181,19 @@ class PartitionTask:
 
     def refresh_lag(self, partition_dir: Path, local: LocalOffsets) -> None:
         """Recompute the copy lag from the disk, Kafka's offsets and the metadata (the runner's monitor
-        calls it between and during ticks)."""
+        calls it between and during ticks); not when none of them changed since the last time."""
+        mtime = settled_mtime_ns(partition_dir)
+        key = (
+            partition_dir,
+            mtime,
+            local,
+            self.ctx.manager.partition_changed(self.scope.topic_id, self.scope.partition),
+            self.copying,
+        )
+        if mtime is not None and key == self._lag_inputs:
+            return
         self._refreshed(local_segments(partition_dir), local)
+        self._lag_inputs = key
 
     def _refreshed(self, local: Local, kafka: LocalOffsets) -> PartitionOffsets:
         """The offsets as the metadata has them now, with the copy lag (status and gauges) updated to them."""

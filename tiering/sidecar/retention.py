@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+from metadata import RemoteSegment
 from segment_fsm import LogStartKind, SegmentState
 from tiering.policy import (
     PartitionOffsets,
@@ -97,20 +98,28 @@ def check_remote_holds(writer: PartitionWriter, start: int, target: int) -> None
         offset = manifest.end_offset + 1
 
 
-def apply_remote_retention(writer: PartitionWriter, local: Local, offsets: PartitionOffsets,
-                           settings: RetentionSettings) -> None:  # fmt: skip
-    """Delete the finished copies that total retention, or the log start offset, expires, oldest first."""
+def finished_copies(writer: PartitionWriter) -> tuple[list[RemoteSegment], list[RemoteSegmentInfo]]:
+    """The partition's finished copies, and each as total retention judges it.
+
+    Copies recorded before the file-time fallback may carry no timestamp (<= 0): judged by the time of their last
+    transition, later than any record in them, never as 55 years old. Sizes count each offset once: overlapping
+    copies must not make retention.bytes expire data early."""
     ctx, (_, topic_id, partition) = writer.ctx, writer.scope
     finished = ctx.manager.segments(topic_id, partition, [SegmentState.COPY_SEGMENT_FINISHED])
-    if not finished:
-        return
-    # copies recorded before the file-time fallback may carry no timestamp (<= 0): judge those by the
-    # time of their last transition, later than any record in them, never as 55 years old. Sizes count
-    # each offset once: overlapping copies must not make retention.bytes expire data early.
-    counted = ctx.manager.counted_sizes(topic_id, partition)
+    counted = ctx.manager.counted_sizes(topic_id, partition) if finished else {}
     infos = [RemoteSegmentInfo(s.segment_id.hex(), s.base_offset, s.end_offset, counted.get(s.segment_id, s.size),
                                s.max_timestamp if s.max_timestamp > 0 else s.event_time)
              for s in finished]  # fmt: skip
+    return finished, infos
+
+
+def apply_remote_retention(writer: PartitionWriter, local: Local, offsets: PartitionOffsets,
+                           settings: RetentionSettings) -> None:  # fmt: skip
+    """Delete the finished copies that total retention, or the log start offset, expires, oldest first."""
+    ctx = writer.ctx
+    finished, infos = finished_copies(writer)
+    if not finished:
+        return
     ry = offsets.ry if offsets.ry is not None else -1
     local_only = sum(s.size for s, _ in local if s.base_offset > ry)
     log_start = writer.log_starts().log_start

@@ -59,6 +59,15 @@ def sweep(writer: PartitionWriter, offsets: PartitionOffsets, *, list_orphans: b
         ctx.store.delete(orphans)
 
 
+def next_stale_ms(writer: PartitionWriter, now_ms: int) -> int | None:
+    """When the sweep next finds a COPY_SEGMENT_STARTED copy stale (``copy_started_timeout_seconds`` after its
+    record), or None when the partition has none that is not stale already."""
+    ctx, (_, topic_id, partition) = writer.ctx, writer.scope
+    timeout_ms = ctx.settings.copy_started_timeout_seconds * 1000
+    started = ctx.manager.segments(topic_id, partition, [SegmentState.COPY_SEGMENT_STARTED])
+    return min((t for s in started if (t := int(s.event_time + timeout_ms) + 1) > now_ms), default=None)
+
+
 def abort_stale_uploads(ctx: SidecarContext) -> None:
     """Abort every incomplete upload under the cluster's prefix (segment copies of every partition, metadata
     snapshots) begun more than ``remote_log_manager_incomplete_upload_abort_ms`` ago.
