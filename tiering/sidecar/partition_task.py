@@ -26,7 +26,6 @@ from tiering.sidecar.facts import (
     local_segments,
     partition_offsets,
     settled_mtime_ns,
-    step_inputs,
 )
 from tiering.sidecar.leadership import fence
 from tiering.sidecar.retention import (
@@ -76,17 +75,25 @@ class PartitionTask:
             self.ctx.metrics.forget_partition(self.scope.labels)
         self.ctx.retry.forget(self.scope)
 
-    def step(self, facts: PartitionFacts) -> None:
-        """Run each operation of the partition that is due. Never raises: a failing operation is recorded
-        (log with traceback, metrics, status) and retried after its backoff; the others go on.
-
-        Skipped while nothing it decides on changed since a step that left nothing to do (see ``StepInputs``) and
-        no time-based rule can fire yet: on an idle broker with thousands of partitions most steps are skipped at
-        the cost of one ``stat`` each."""
-        inputs = step_inputs(facts, self.ctx.manager, self.scope)
-        if self._unchanged(inputs):
+    def unchanged(self, inputs: StepInputs | None) -> bool:
+        """Whether the step can be skipped: nothing it decides on changed since a step that left nothing to do (the
+        same ``inputs``, see ``StepInputs``) and no time-based rule can fire yet (retention, a stale copy, the
+        orphan listing, the periodic recheck). Cheap: the runner asks it for every partition in its own thread, on
+        an idle broker thousands of them."""
+        settled = self._settled
+        if (
+            settled is not None and inputs == settled.inputs and self.ctx.now_ms() < settled.next_rule_ms
+            and time.monotonic() < settled.orphans_due
+        ):  # fmt: skip
             self.ctx.metrics.partition_steps.labels(outcome="unchanged").inc()
-            return
+            return True
+        return False
+
+    def step(self, facts: PartitionFacts, inputs: StepInputs | None = None) -> None:
+        """Run each operation of the partition that is due. Never raises: a failing operation is recorded
+        (log with traceback, metrics, status) and retried after its backoff; the others go on. ``inputs``
+        (``step_inputs`` read before the step reads anything, so that a change during it shows next time) are
+        kept when the step leaves nothing to do."""
         self.ctx.metrics.partition_steps.labels(outcome="run").inc()
         self._settled = None
         done = self._run(facts)
@@ -125,15 +132,6 @@ class PartitionTask:
         if settings is None or self.ctx.stopping.is_set():
             return None
         return writer, local, offsets, settings
-
-    def _unchanged(self, inputs: StepInputs | None) -> bool:
-        """Whether this step can be skipped: the same inputs as the last step that left nothing to do, and no
-        time-based rule due (retention, a stale copy, the orphan listing, the periodic recheck)."""
-        settled = self._settled
-        return (
-            settled is not None and inputs == settled.inputs and self.ctx.now_ms() < settled.next_rule_ms
-            and time.monotonic() < settled.orphans_due
-        )  # fmt: skip
 
     def _next_rule_ms(self, writer: PartitionWriter, local: Local, settings: RetentionSettings) -> int:
         """The wall-clock time at which a time-based rule may next decide differently on the same inputs: a

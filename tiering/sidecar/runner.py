@@ -7,6 +7,7 @@ non-zero); the next start recovers the state from a snapshot and the WAL, or say
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.endpoint import StatusEndpoint
+from tiering.sidecar.facts import step_inputs
 from tiering.sidecar.janitor import DeletedTopicsJanitor
 from tiering.sidecar.leadership import led_partitions
 from tiering.sidecar.partition_task import PartitionTask
@@ -53,6 +55,7 @@ class Sidecar:
         self.endpoint: StatusEndpoint | None = None
         self.refused: set[str] = set()  # topic ids never tiered though the metadata says so: reported once
         self._monitor = threading.Thread(target=self._monitor_loop, name="lag-monitor", daemon=True)
+        self._lag_as_of = -math.inf  # monotonic start of the last full tick that ran every step: lags as of then
 
     def start(self) -> None:
         settings = self.ctx.settings
@@ -121,6 +124,7 @@ class Sidecar:
         self.ctx.retry.run(SIDECAR, "wal_lag", self._update_wal_lag)  # unknown while Kafka is down: backs off
         if self.ctx.retry.run(SIDECAR, "tick", partial(self._tick, only)):
             if only is None:
+                self._lag_as_of = began
                 self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
         else:  # leadership could not be confirmed: hold no lease another leader may need
             self._release_leases(self.tasks)
@@ -149,10 +153,13 @@ class Sidecar:
 
     def _monitor_loop(self) -> None:
         """Apart from the ticks (one can take minutes behind a slow upload): refresh every led partition's
-        copy lag, and ask an idle store whether it answers, every ``lag_refresh_seconds``."""
+        copy lag, and ask an idle store whether it answers, every ``lag_refresh_seconds``. Not when a full tick
+        began less than that ago: its steps refreshed the lags, and a skipped step's lag is the same as before
+        (nothing it depends on changed); on an idle broker that halves the ListOffsets of every led partition."""
         interval = self.ctx.settings.lag_refresh_seconds
         while not self.ctx.stopping.wait(interval):
-            self.ctx.retry.run(SIDECAR, "lag", self._refresh_lag)
+            if time.monotonic() - self._lag_as_of >= interval:
+                self.ctx.retry.run(SIDECAR, "lag", self._refresh_lag)
             if self.ctx.store.idle_seconds() >= interval:
                 self.ctx.retry.run(SIDECAR, "store_probe", self.ctx.store.probe)
 
@@ -217,8 +224,10 @@ class Sidecar:
                 task = self.tasks[p.key] = PartitionTask(self.ctx, p.topic.name, *p.key)
             now_led[p.key] = (task, p.partition_dir)
         for p in stepped:
-            task = now_led[p.key][0]
-            futures.append(self.pool.submit(task.step, p.facts(offsets[(p.topic.name, p.partition)])))
+            task, facts = now_led[p.key][0], p.facts(offsets[(p.topic.name, p.partition)])
+            inputs = step_inputs(facts, self.ctx.manager, task.scope)
+            if not task.unchanged(inputs):  # most partitions of an idle broker are: no thread hand-off for them
+                futures.append(self.pool.submit(task.step, facts, inputs))
         self.led = now_led
         for future in futures:
             future.result()  # step() records its own failures and never raises
