@@ -7,7 +7,6 @@ non-zero); the next start recovers the state from a snapshot and the WAL, or say
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 import time
@@ -55,7 +54,7 @@ class Sidecar:
         self.endpoint: StatusEndpoint | None = None
         self.refused: set[str] = set()  # topic ids never tiered though the metadata says so: reported once
         self._monitor = threading.Thread(target=self._monitor_loop, name="lag-monitor", daemon=True)
-        self._lag_as_of = -math.inf  # monotonic start of the last full tick that ran every step: lags as of then
+        self._tick_began: float | None = None  # monotonic start of the tick running now
 
     def start(self) -> None:
         settings = self.ctx.settings
@@ -119,12 +118,11 @@ class Sidecar:
         """
         if self.ctx.manager.failure is not None:
             return  # never act on a state that stopped following the WAL; run_forever is stopping
-        began = time.monotonic()
+        began = self._tick_began = time.monotonic()
         self.ticks += 1
         self.ctx.retry.run(SIDECAR, "wal_lag", self._update_wal_lag)  # unknown while Kafka is down: backs off
         if self.ctx.retry.run(SIDECAR, "tick", partial(self._tick, only)):
             if only is None:
-                self._lag_as_of = began
                 self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
         else:  # leadership could not be confirmed: hold no lease another leader may need
             self._release_leases(self.tasks)
@@ -133,6 +131,7 @@ class Sidecar:
         kind = "full" if only is None else "rolled"
         self.ctx.metrics.tick_seconds.labels(kind=kind).set(time.monotonic() - began)
         self.ctx.metrics.ticks.labels(kind=kind).inc()
+        self._tick_began = None
 
     def status(self) -> dict[str, Any]:
         """The status as ``/status`` serves it and status.json holds it (copy lag as of now)."""
@@ -152,13 +151,16 @@ class Sidecar:
         )
 
     def _monitor_loop(self) -> None:
-        """Apart from the ticks (one can take minutes behind a slow upload): refresh every led partition's
-        copy lag, and ask an idle store whether it answers, every ``lag_refresh_seconds``. Not when a full tick
-        began less than that ago: its steps refreshed the lags, and a skipped step's lag is the same as before
-        (nothing it depends on changed); on an idle broker that halves the ListOffsets of every led partition."""
+        """Every ``lag_refresh_seconds``: during a tick that has run that long (one can take minutes behind slow
+        uploads), refresh every led partition's copy lag; and ask an idle store whether it answers.
+
+        Between ticks the lags are current without it: each step refreshes its partition's, a skipped step's is
+        what it was (nothing it depends on changed), and a roll gets its partition stepped at once. Refreshing
+        them between ticks too cost an idle broker a second ListOffsets of every led partition."""
         interval = self.ctx.settings.lag_refresh_seconds
         while not self.ctx.stopping.wait(interval):
-            if time.monotonic() - self._lag_as_of >= interval:
+            began = self._tick_began
+            if began is not None and time.monotonic() - began >= interval:
                 self.ctx.retry.run(SIDECAR, "lag", self._refresh_lag)
             if self.ctx.store.idle_seconds() >= interval:
                 self.ctx.retry.run(SIDECAR, "store_probe", self.ctx.store.probe)
