@@ -5,7 +5,8 @@ uploads, a key ``<prefix>/leases/<topicId>/<partition>`` bound to that lease, cr
 The key's create revision is strictly larger for every new holder, so it is the fencing token the
 sidecar puts into its WAL records: a record with an older token than the partition has seen is
 rejected by every replica. When the lease cannot be refreshed (etcd unreachable, lease expired) or a
-key vanished, ``is_held`` turns false at once and the sidecar must stop uploading that partition.
+key vanished (its keys are read back once per TTL), ``is_held`` turns false at once and the sidecar must stop
+uploading that partition.
 
 Talks to etcd's gRPC gateway through ``etcd3gw`` (2.x asks ``/version`` and uses ``/v3/`` on etcd
 3.4 and later, ``/v3beta/`` on 3.3). Optional: without etcd the leader epoch alone fences writers.
@@ -141,6 +142,7 @@ class EtcdLeases:
 
     def _keepalive(self) -> None:
         lease = self._lease
+        refreshes = 0
         while not self._stop.wait(self.ttl / 3):
             if lease is None or lease is not self._lease:
                 return
@@ -154,7 +156,9 @@ class EtcdLeases:
                 self._lose_all("lease expired")
                 return
             self._confirmed = sent
-            self._check_keys(lease)
+            refreshes += 1
+            if refreshes % 3 == 0:  # once per TTL: at thousands of partitions each read is thousands of keys
+                self._check_keys(lease)
 
     def _check_keys(self, lease: Lease) -> None:
         """Whether each held key is still ours: one range request per topic (not one GET per partition, which
