@@ -25,7 +25,6 @@ from tiering.sidecar.facts import (
     StepInputs,
     local_segments,
     partition_offsets,
-    settled_mtime_ns,
 )
 from tiering.sidecar.leadership import fence
 from tiering.sidecar.retention import (
@@ -64,7 +63,6 @@ class PartitionTask:
         self._closed = False
         self._orphans_due = 0.0  # monotonic time of the next orphan listing: the first step lists
         self._settled: _Settled | None = None  # the last step's inputs, when it left nothing to do
-        self._lag_inputs: tuple[object, ...] | None = None  # what the copy lag was last computed from
 
     def close(self) -> None:
         """The partition is led elsewhere now (or no longer tiered): remove its metric series and its
@@ -81,13 +79,10 @@ class PartitionTask:
         orphan listing, the periodic recheck). Cheap: the runner asks it for every partition in its own thread, on
         an idle broker thousands of them."""
         settled = self._settled
-        if (
+        return (
             settled is not None and inputs == settled.inputs and self.ctx.now_ms() < settled.next_rule_ms
             and time.monotonic() < settled.orphans_due
-        ):  # fmt: skip
-            self.ctx.metrics.partition_steps.labels(outcome="unchanged").inc()
-            return True
-        return False
+        )  # fmt: skip
 
     def step(self, facts: PartitionFacts, inputs: StepInputs | None = None) -> None:
         """Run each operation of the partition that is due. Never raises: a failing operation is recorded
@@ -179,19 +174,8 @@ class PartitionTask:
 
     def refresh_lag(self, partition_dir: Path, local: LocalOffsets) -> None:
         """Recompute the copy lag from the disk, Kafka's offsets and the metadata (the runner's monitor
-        calls it between and during ticks); not when none of them changed since the last time."""
-        mtime = settled_mtime_ns(partition_dir)
-        key = (
-            partition_dir,
-            mtime,
-            local,
-            self.ctx.manager.partition_changed(self.scope.topic_id, self.scope.partition),
-            self.copying,
-        )
-        if mtime is not None and key == self._lag_inputs:
-            return
+        calls it during a long tick)."""
         self._refreshed(local_segments(partition_dir), local)
-        self._lag_inputs = key
 
     def _refreshed(self, local: Local, kafka: LocalOffsets) -> PartitionOffsets:
         """The offsets as the metadata has them now, with the copy lag (status and gauges) updated to them."""

@@ -228,7 +228,9 @@ class Sidecar:
         for p in stepped:
             task, facts = now_led[p.key][0], p.facts(offsets[(p.topic.name, p.partition)])
             inputs = step_inputs(facts, self.ctx.manager, task.scope)
-            if not task.unchanged(inputs):  # most partitions of an idle broker are: no thread hand-off for them
+            if task.unchanged(inputs):  # most partitions of an idle broker are: no thread hand-off for them
+                self.ctx.metrics.partition_steps.labels(outcome="unchanged").inc()
+            else:
                 futures.append(self.pool.submit(task.step, facts, inputs))
         self.led = now_led
         for future in futures:

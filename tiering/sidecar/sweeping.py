@@ -10,6 +10,7 @@ step is idempotent, so a sweep interrupted anywhere is simply run again.
 
 from __future__ import annotations
 
+from metadata import RemoteSegment
 from segment_fsm import SegmentState
 from tiering.policy import PartitionOffsets
 from tiering.sidecar.context import SidecarContext
@@ -37,12 +38,11 @@ def sweep(writer: PartitionWriter, offsets: PartitionOffsets, *, list_orphans: b
                     partition=partition, base_offset=dup.base_offset, end_offset=dup.end_offset,
                     segment_id=dup.segment_id.hex(), leader_epoch=dup.leader_epoch)  # fmt: skip
         writer.delete_copy(dup)
-    timeout_ms = ctx.settings.copy_started_timeout_seconds * 1000
     now = ctx.now_ms()
     every = ctx.manager.segments(topic_id, partition)
     known = {s.segment_id for s in every}
     for seg in every:
-        stale = seg.state == SegmentState.COPY_SEGMENT_STARTED and now - seg.event_time > timeout_ms
+        stale = seg.state == SegmentState.COPY_SEGMENT_STARTED and now >= _stale_at(ctx, seg)
         if stale or seg.state == SegmentState.DELETE_SEGMENT_STARTED:
             writer.delete_copy(seg)
     if offsets.ry is None or not list_orphans:
@@ -63,9 +63,14 @@ def next_stale_ms(writer: PartitionWriter, now_ms: int) -> int | None:
     """When the sweep next finds a COPY_SEGMENT_STARTED copy stale (``copy_started_timeout_seconds`` after its
     record), or None when the partition has none that is not stale already."""
     ctx, (_, topic_id, partition) = writer.ctx, writer.scope
-    timeout_ms = ctx.settings.copy_started_timeout_seconds * 1000
     started = ctx.manager.segments(topic_id, partition, [SegmentState.COPY_SEGMENT_STARTED])
-    return min((t for s in started if (t := int(s.event_time + timeout_ms) + 1) > now_ms), default=None)
+    return min((t for s in started if (t := _stale_at(ctx, s)) > now_ms), default=None)
+
+
+def _stale_at(ctx: SidecarContext, seg: RemoteSegment) -> int:
+    """The first millisecond at which a COPY_SEGMENT_STARTED copy is stale: more than ``copy_started_timeout_seconds``
+    after its record."""
+    return int(seg.event_time + ctx.settings.copy_started_timeout_seconds * 1000) + 1
 
 
 def abort_stale_uploads(ctx: SidecarContext) -> None:
