@@ -223,22 +223,40 @@ class KafkaCluster:
         self._request("Metadata")
         return sorted(self.admin.list_topics(timeout=self.timeout).brokers)
 
-    def local_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], LocalOffsets]:
-        """Lx, Ly and Lz of each partition, from three ListOffsets requests to the leaders."""
+    def local_offsets(
+        self, partitions: Iterable[tuple[str, int]], settled: Mapping[tuple[str, int], LocalOffsets] | None = None
+    ) -> dict[tuple[str, int], LocalOffsets]:
+        """Lx, Ly and Lz of each partition, from ListOffsets requests to the leaders (one per leader and kind).
+
+        ``settled`` holds earlier answers in which Ly was Lz (no transaction open). Where Lz and the leader epoch
+        are still those, Ly is Lz again and is not asked for: Ly = min(first unstable offset, high watermark), and
+        a transaction that opens appends at or above the log end, so it cannot bring Ly below an unchanged high
+        watermark (and the marker that ends one moves Lz). The stable offset is asked for last and capped at the Lz
+        given with it (whatever is stable then was decided below Lz too), so Lx <= Ly <= Lz holds across the
+        requests. An idle broker's sidecar saves a third of its ListOffsets this way."""
         tps = [TopicPartition(t, p) for t, p in partitions]
         if not tps:
             return {}
         earliest = self._list_offsets(tps, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)
-        stable = self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
         end = self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
+        epochs = {key: info.leader_epoch if info.leader_epoch is not None else -1 for key, info in end.items()}
+
+        def still_settled(key: tuple[str, int]) -> bool:
+            before = (settled or {}).get(key)
+            if before is None or before.leader_epoch != epochs[key]:
+                return False
+            return before.ly == before.lz == end[key].offset
+
+        unsettled = [tp for tp in tps if not still_settled((tp.topic, tp.partition))]
+        stable = self._list_offsets(unsettled, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED) if unsettled else {}
         return {
             key: LocalOffsets(
                 lx=earliest[key].offset,
-                ly=stable[key].offset,
+                ly=min(stable[key].offset, end[key].offset) if key in stable else end[key].offset,
                 lz=end[key].offset,
-                leader_epoch=end[key].leader_epoch if end[key].leader_epoch is not None else -1,
+                leader_epoch=epochs[key],
             )
-            for key in earliest
+            for key in end
         }
 
     def leader_epoch(self, topic: str, partition: int) -> int:

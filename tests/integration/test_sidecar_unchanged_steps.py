@@ -118,3 +118,56 @@ def test_unchanged_partitions_are_skipped_until_an_input_or_a_time_rule_changes(
     finally:
         sidecar.stop()
         sidecar.close()
+
+
+def list_offsets_sent(ctx: SidecarContext) -> float:
+    return ctx.metrics.kafka_requests.labels(api="ListOffsets")._value.get()
+
+
+def test_the_stable_offset_is_asked_again_once_a_transaction_opens(stack: Endpoints, tmp_path: Path) -> None:
+    """Idle ticks do not ask for Ly (read_committed ListOffsets) of settled partitions; a transaction left open
+    moves Lz, so Ly is asked again and holds every segment from the transaction's first record back."""
+    topic = create_topic(stack.bootstrap, partitions=PARTITIONS, internal_segment_bytes=SEGMENT)
+    for p in range(PARTITIONS):
+        produce(stack.bootstrap, topic, p, 2000)
+    config = write_config(stack, tmp_path)
+    CliRunner().invoke(main, ["topic", "enable", topic, "--config", str(config)], catch_exceptions=False)
+    ctx = SidecarContext.build(settings(config))
+    sidecar = Sidecar(ctx)
+    sidecar.start()
+    txn = Producer({"bootstrap.servers": stack.bootstrap, "transactional.id": f"{topic}-open", "linger.ms": 5,
+                    "batch.size": 16384})  # fmt: skip
+    try:
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+        log_dir = Path(stack.broker(1).log_dir)
+        wait_for(lambda: copied_everything(ctx, topic, topic_id, log_dir), 120, "every rolled segment copied",
+                 step=sidecar.tick)  # fmt: skip
+        time.sleep(RACY_S)
+        sidecar.tick()
+        before = list_offsets_sent(ctx)
+        sidecar.tick()
+        settled_asks = list_offsets_sent(ctx) - before
+
+        first = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lz
+        txn.init_transactions(30)
+        txn.begin_transaction()
+        for i in range(3000):
+            txn.produce(topic, value=f"open-{i}-".encode() * 10, partition=0)
+        assert txn.flush(60) == 0
+        before = list_offsets_sent(ctx)
+        assert tick_counting(ctx, sidecar)[0] == 1, "the partition with new records was not stepped"
+        assert list_offsets_sent(ctx) - before == settled_asks + 1, "Ly of the moved partition was not asked"
+        for _ in range(3):
+            sidecar.tick()
+        offsets = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)]
+        assert offsets.ly == first < offsets.lz, offsets
+        assert len(local_segments(log_dir / f"{topic}-0")) > 3, "the open transaction rolled no segment"
+        ry = ctx.manager.partition_state(topic_id, 0).remote_end_offset
+        assert ry is not None and ry < first, f"copied up to {ry}, past the open transaction's start {first}"
+
+        txn.commit_transaction(30)
+        wait_for(lambda: copied_everything(ctx, topic, topic_id, log_dir), 120, "the committed segments copied",
+                 step=sidecar.tick)  # fmt: skip
+    finally:
+        sidecar.stop()
+        sidecar.close()

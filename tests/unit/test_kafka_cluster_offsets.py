@@ -6,7 +6,8 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
 from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError
 
@@ -67,3 +68,60 @@ def test_other_errors_are_not_retried() -> None:
     with pytest.raises(KafkaClusterError, match="UNKNOWN_TOPIC_OR_PART"):
         cluster_with(admin).log_start_offsets([("t", 0)])
     assert admin.calls == ["ListOffsets"]
+
+
+class OffsetsAdmin:
+    """Answers ListOffsets: earliest 0, latest ``ends`` (``stable`` under read_committed), leader epoch ``epoch``;
+    records which partitions each read_committed request named."""
+
+    def __init__(self, ends: dict[int, int], stable: dict[int, int]) -> None:
+        self.ends, self.stable, self.epoch = ends, stable, 3
+        self.committed_asks: list[list[int]] = []
+
+    def list_offsets(self, request: dict[TopicPartition, Any], isolation_level: Any, **_: Any) -> dict:
+        committed = isolation_level == IsolationLevel.READ_COMMITTED
+        if committed:
+            self.committed_asks.append(sorted(tp.partition for tp in request))
+        futures = {}
+        for tp, spec in request.items():
+            latest = spec == OffsetSpec.latest()
+            answer = Answer((self.stable if committed else self.ends)[tp.partition] if latest else 0)
+            answer.leader_epoch = self.epoch
+            future: Future = Future()
+            future.set_result(answer)
+            futures[tp] = future
+        return futures
+
+
+def test_settled_partitions_are_not_asked_for_their_stable_offset_again() -> None:
+    admin = OffsetsAdmin(ends={0: 10, 1: 20, 2: 30}, stable={0: 10, 1: 15, 2: 30})
+    cluster = cluster_with(admin)  # type: ignore[arg-type]
+    parts = [("t", 0), ("t", 1), ("t", 2)]
+    first = cluster.local_offsets(parts)
+    assert [(o.lx, o.ly, o.lz) for o in first.values()] == [(0, 10, 10), (0, 15, 20), (0, 30, 30)]
+    settled = {key: got for key, got in first.items() if got.ly == got.lz}
+
+    again = cluster.local_offsets(parts, settled)
+    assert again == first
+    assert admin.committed_asks[-1] == [1], "a settled partition's Ly was asked again, or an open one's was not"
+
+    admin.ends[2] = 31  # new records in 2 (a transaction may have opened there)
+    admin.stable[2] = 30
+    moved = cluster.local_offsets(parts, settled)
+    assert admin.committed_asks[-1] == [1, 2]
+    assert (moved[("t", 2)].ly, moved[("t", 2)].lz) == (30, 31)
+
+    admin.epoch = 4  # a new leader: nothing earlier is trusted
+    cluster.local_offsets(parts, settled)
+    assert admin.committed_asks[-1] == [0, 1, 2]
+
+    admin.epoch = 3
+    cluster.local_offsets(parts, first)  # an answer with Ly < Lz given as settled is not trusted
+    assert admin.committed_asks[-1] == [1, 2]
+
+
+def test_a_stable_offset_answered_after_the_end_is_capped_at_that_end() -> None:
+    """Ly is asked last; records committed between the two answers must not give Ly > Lz."""
+    admin = OffsetsAdmin(ends={0: 10}, stable={0: 12})
+    got = cluster_with(admin).local_offsets([("t", 0)])[("t", 0)]  # type: ignore[arg-type]
+    assert (got.ly, got.lz) == (10, 10)

@@ -22,13 +22,14 @@ from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.endpoint import StatusEndpoint
 from tiering.sidecar.facts import step_inputs
 from tiering.sidecar.janitor import DeletedTopicsJanitor
-from tiering.sidecar.leadership import led_partitions
+from tiering.sidecar.leadership import LedPartition, led_partitions
 from tiering.sidecar.partition_task import PartitionTask
 from tiering.sidecar.retry import SIDECAR
 from tiering.sidecar.status import status_document, status_key, write_status
 from tiering.sidecar.sweeping import abort_stale_uploads
 from tiering.watch import SegmentWatcher
 from tiering_core.errors import TieringError
+from tiering_core.kafka_cluster import LocalOffsets
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -55,6 +56,9 @@ class Sidecar:
         self.refused: set[str] = set()  # topic ids never tiered though the metadata says so: reported once
         self._monitor = threading.Thread(target=self._monitor_loop, name="lag-monitor", daemon=True)
         self._tick_began: float | None = None  # monotonic start of the tick running now
+        # the last ListOffsets answers with no open transaction (Ly == Lz), by topic id: Ly is not asked for again
+        # while Lz and the epoch stay (a topic recreated under the same name has another id)
+        self._settled: dict[tuple[str, int], LocalOffsets] = {}
 
     def start(self) -> None:
         settings = self.ctx.settings
@@ -207,6 +211,21 @@ class Sidecar:
             self.ctx.retry.run(SIDECAR, "upload_sweep", partial(abort_stale_uploads, self.ctx))
             self.janitor.run()
 
+    def _local_offsets(
+        self, stepped: list[LedPartition], led: set[tuple[str, int]]
+    ) -> dict[tuple[str, int], LocalOffsets]:
+        """Kafka's offsets of the partitions to step; Ly only where it may have moved (see ``local_offsets``)."""
+        settled = {(p.topic.name, p.partition): self._settled[p.key] for p in stepped if p.key in self._settled}
+        offsets = self.ctx.cluster.local_offsets([(p.topic.name, p.partition) for p in stepped], settled)
+        self._settled = {key: got for key, got in self._settled.items() if key in led}
+        for p in stepped:
+            got = offsets[(p.topic.name, p.partition)]
+            if got.ly == got.lz:
+                self._settled[p.key] = got
+            else:
+                self._settled.pop(p.key, None)
+        return offsets
+
     def _tick(self, only: set[str] | None) -> bool:
         """Run the partitions' steps (those in ``only`` when given); True once they ran (then the janitor may run)."""
         led = led_partitions(self.ctx)
@@ -217,7 +236,7 @@ class Sidecar:
                 self.refused.add(topic_id)
         self._let_go({p.key for p in led.partitions})
         stepped = [p for p in led.partitions if only is None or p.partition_dir.name in only]
-        offsets = self.ctx.cluster.local_offsets([(p.topic.name, p.partition) for p in stepped])
+        offsets = self._local_offsets(stepped, {p.key for p in led.partitions})
         futures = []
         now_led: dict[tuple[str, int], tuple[PartitionTask, Path]] = {}
         for p in led.partitions:
