@@ -60,11 +60,13 @@ class SidecarSettings(BaseSettings):
         "on its first step after a start or a leadership change). Spread by +-25 % so partitions do not list at once.",
     )  # fmt: skip
     unchanged_partition_recheck_seconds: float = Field(
-        default=300.0, gt=0,
+        default=3600.0, gt=0,
         description="A partition whose inputs (its directory, Kafka's offsets and leader epoch, its topic's configs "
         "and tiering state, its remote metadata) did not change since a step that left nothing to do is not stepped "
         "again until a time-based rule (retention.ms, local.retention.ms, a stale copy, the orphan listing) can fire, "
-        "or this long (+-25 %) has passed, like Kafka's log.retention.check.interval.ms (300000).",
+        "or this long (+-25 %) has passed: a bound for anything those inputs might miss (the rules themselves fire at "
+        "their exact time). Each recheck is a full step (about 2 ms of CPU): at 2,000 partitions and 300 s they cost "
+        "an idle broker about 1.3 % of a core.",
     )  # fmt: skip
     remote_log_manager_incomplete_upload_abort_ms: int = Field(
         default=3_600_000, ge=1,
