@@ -125,6 +125,7 @@ def test_every_command_works_from_a_host_with_only_bootstrap_client_settings_and
     assert tiered["cluster"]["rolled_back"] and [t["topic"] for t in tiered["topics"]] == [topic]
 
 
+@pytest.mark.slow  # slow: it waits out the clients' timeouts against an unreachable cluster and store
 def test_unreachable_cluster_missing_topic_and_unreachable_store_are_one_sentence(
     stack: Endpoints, tmp_path: Path
 ) -> None:

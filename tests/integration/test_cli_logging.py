@@ -54,6 +54,7 @@ def test_topic_status_keeps_stdout_for_its_json_and_logs_readable_lines(stack: E
     assert not any(" INFO " in line for line in lines(quiet.stderr)), "an interactive command logs at WARNING"
 
 
+@pytest.mark.slow  # slow: it waits for librdkafka's own log lines in each format
 def test_librdkafkas_lines_follow_the_chosen_format(stack: Endpoints, tmp_path: Path) -> None:
     with socket.socket() as s:  # nothing listens there: librdkafka fails to connect again and again
         s.bind(("127.0.0.1", 0))

@@ -119,6 +119,7 @@ def test_copy_lag_gauges_move_while_a_slow_tick_is_still_uploading(stack: Endpoi
         runner.join(120)
 
 
+@pytest.mark.slow  # slow: it waits for librdkafka to repeat its connection errors
 def test_every_stderr_line_is_json_librdkafka_included_and_its_repeats_are_bounded(
     stack: Endpoints, tmp_path: Path
 ) -> None:
