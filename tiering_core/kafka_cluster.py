@@ -233,16 +233,17 @@ class KafkaCluster:
         a transaction that opens appends at or above the log end, so it cannot bring Ly below an unchanged high
         watermark (and the marker that ends one moves Lz). The stable offset is asked for last and capped at the Lz
         given with it (whatever is stable then was decided below Lz too), so Lx <= Ly <= Lz holds across the
-        requests. An idle broker's sidecar saves a third of its ListOffsets this way."""
+        requests. An idle broker's sidecar then looks up two offsets per partition, not three."""
         tps = [TopicPartition(t, p) for t, p in partitions]
         if not tps:
             return {}
         earliest = self._list_offsets(tps, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)
         end = self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
         epochs = {key: info.leader_epoch if info.leader_epoch is not None else -1 for key, info in end.items()}
+        known = settled or {}
 
         def still_settled(key: tuple[str, int]) -> bool:
-            before = (settled or {}).get(key)
+            before = known.get(key)
             if before is None or before.leader_epoch != epochs[key]:
                 return False
             return before.ly == before.lz == end[key].offset
