@@ -54,7 +54,9 @@ def partition_dirs(stack: Endpoints) -> list[Path]:
         _produce(_producer(bootstrap, **{"compression.type": codec, "linger.ms": 5}), mixed, records)
         big = [(b"big", bytes([c]) * BIG, [("n", b"1")]), (None, bytes(range(256)) * (BIG // 256), [])]
         _produce(_producer(bootstrap, **{"compression.type": codec}), mixed, big)
-    tiny = _producer(bootstrap, **{"linger.ms": 1000, "batch.size": 1 << 20, "batch.num.messages": 20000})
+    # A linger longer than the produce loop can take on a loaded machine (1 s was not: CI once saw the
+    # 12,000 records split below 10,000 per batch); flush() sends what lingers at once.
+    tiny = _producer(bootstrap, **{"linger.ms": 60_000, "batch.size": 1 << 20, "batch.num.messages": 20000})
     _produce(tiny, mixed, [(None, b"%d" % (i % 10), []) for i in range(12000)])
     txn = _producer(bootstrap, **{"transactional.id": f"{mixed}-txn", "linger.ms": 2})
     txn.init_transactions(60)
