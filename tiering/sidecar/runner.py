@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -147,7 +146,7 @@ class Sidecar:
         return status_document(
             self.ctx.broker_id,
             {
-                status_key(t.scope.topic_id, t.scope.partition): {"topic": t.scope.topic, **asdict(t.status)}
+                status_key(t.scope.topic_id, t.scope.partition): {"topic": t.scope.topic, **t.status.as_dict()}
                 for t in list(self.tasks.values())
             },
             sidecar=self.ctx.retry.summary(SIDECAR),
