@@ -3,11 +3,11 @@
 ``copy`` uploads the ``.log`` part by part as it validates it (every batch's CRC, read once in
 part-sized windows so memory stays bounded): the store asks for the next part while earlier ones are
 in flight, each part is sent with the CRC-32C of the bytes validated, which the store verifies, and the
-upload is completed only once the whole segment passed. The ``.indexes`` blob goes up beside the
-parts, and the manifest last, once both are stored. It reads through file descriptors opened before
-anything else, so Kafka renaming the segment to ``.deleted`` meanwhile does not matter, and only up to
-the size the segment had when the copy started. On any failure it deletes what it wrote (a cleanup
-failure is logged and never hides the first error) and raises. It knows nothing of the metadata WAL: the caller writes
+upload is completed only once the whole segment passed; then the ``.indexes`` blob, and the manifest
+last. It reads through file descriptors opened before anything else, so Kafka renaming the segment to
+``.deleted`` meanwhile does not matter, and only up to the size the segment had when the copy
+started. On any failure it deletes what it wrote (a cleanup failure is logged and never hides the
+first error) and raises. It knows nothing of the metadata WAL: the caller writes
 COPY_SEGMENT_STARTED before and COPY_SEGMENT_FINISHED after.
 """
 
@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,10 +92,7 @@ class SegmentCopier:
                 position += len(extras[name])
             indexes = b"".join(extras[name] for name in INDEX_PARTS)
             log_key, index_key, manifest_key = ref.keys(self.prefix)
-            with self.slots, ThreadPoolExecutor(1, thread_name_prefix="s3-indexes") as beside:
-                # the .indexes go up while the .log's parts do: one round trip (a small PUT, which the store
-                # syncs to disk) less between one segment's last part and the next segment's first
-                indexes_put = beside.submit(self.store.put_bytes, index_key, indexes)
+            with self.slots:
                 try:
                     self.store.put_parts(log_key, log_fd, length, self._validated_parts(validator, log_fd, segment))
                     summary, log_crc = validator.result()
@@ -121,11 +117,10 @@ class SegmentCopier:
                     if stored != length:
                         raise RemoteStoreError(f"{log_key} holds {stored} bytes after the upload, expected {length}")
                     crash_point("copy.log_uploaded")
-                    indexes_put.result()
+                    self.store.put_bytes(index_key, indexes)
                     crash_point("copy.indexes_uploaded")
                     self.store.put_bytes(manifest_key, manifest.encode())
                 except BaseException as first:
-                    wait([indexes_put])  # a PUT still in flight would land after the cleanup's delete
                     try:
                         self.store.delete([manifest_key, index_key, log_key])
                     except Exception as cleanup:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -68,21 +67,3 @@ def test_manifest_mismatch_names_both_extents(tmp_path: Path) -> None:
     assert "offsets 100..399 in" in (manifest.mismatch(450, len(data)) or "")
     assert "100..450" in (manifest.mismatch(450, len(data)) or "")
     assert manifest.mismatch(399, len(data) + 1) is not None
-
-
-class SlowIndexesStore(FileSystemStore):
-    """Stores the ``.indexes`` blob only after a delay, as a slow PUT beside the parts would."""
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        if key.endswith(".indexes"):
-            time.sleep(0.3)
-        super().put_bytes(key, data)
-
-
-def test_a_failed_copy_waits_for_the_indexes_put_before_cleaning_up(tmp_path: Path) -> None:
-    write_segment(tmp_path / "orders-0", 100, 30)
-    store = SlowIndexesStore(tmp_path / "remote", part_size=1024)
-    ref = SegmentRef("orders", "mXjDWYvGQ3SdP7gQi3DrqA", 0, 100, uuid.uuid4())
-    with pytest.raises(FormatError, match="next segment starts at 401"):
-        SegmentCopier(store, "p").copy(ref, LocalSegment(SegmentFiles(tmp_path / "orders-0", 100), 401))
-    assert store.list_keys("p/") == [], "the .indexes PUT landed after the cleanup deleted the copy"
