@@ -92,6 +92,16 @@ _LEADERSHIP_MOVED = {
 }
 
 
+_NOT_LISTED = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+
+def _not_listed(exc: KafkaClusterError) -> bool:
+    """Whether Kafka answered that the topic does not exist, or that this principal may not see it: a listing
+    of the cluster's topics would not have named it either."""
+    refused = exc.__cause__
+    return isinstance(refused, KafkaException) and refused.args[0].code() in _NOT_LISTED
+
+
 def kafka_topic_id(text: str) -> str:
     """A topic id as Kafka prints it (URL-safe base64, no padding, as in partition.metadata).
 
@@ -135,8 +145,11 @@ class KafkaCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
-        """Describe topics; a missing topic raises KafkaClusterError naming it.
+    def topics(self, names: Iterable[str], *, missing_ok: bool = False) -> dict[str, TopicInfo]:
+        """Describe topics; a missing topic raises KafkaClusterError naming it, or with ``missing_ok`` is left
+        out of the answer, as is one this principal may not see (what a listing of the cluster's topics would
+        leave out: a sidecar's tick asks for the tiered topics this way instead of listing every topic and
+        partition of the cluster first).
 
         After a broker dies, librdkafka's admin client may keep waiting for it as the controller; a
         timed-out describe is retried once on a fresh client, which learns the live brokers anew.
@@ -145,18 +158,18 @@ class KafkaCluster:
         if not names:
             return {}
         try:
-            return self._describe(names)
+            return self._describe(names, missing_ok)
         except KafkaClusterError as exc:
             if "Timed out" not in str(exc) and "no answer" not in str(exc):
                 raise
             self._admin = admin_client(self._config)
-            return self._describe(names)
+            return self._describe(names, missing_ok)
 
     def _request(self, api: str) -> None:
         if self.on_request is not None:
             self.on_request(api)
 
-    def _describe(self, names: list[str]) -> dict[str, TopicInfo]:
+    def _describe(self, names: list[str], missing_ok: bool) -> dict[str, TopicInfo]:
         self._request("Metadata")
         self._request("DescribeConfigs")
         described = self.admin.describe_topics(TopicCollection(names), request_timeout=self.timeout)
@@ -165,7 +178,12 @@ class KafkaCluster:
         result: dict[str, TopicInfo] = {}
         for resource, future in configs.items():
             name = resource.name
-            desc = _wait(described[name], f"describe topic {name}", self.timeout, self.bootstrap)
+            try:
+                desc = _wait(described[name], f"describe topic {name}", self.timeout, self.bootstrap)
+            except KafkaClusterError as exc:
+                if missing_ok and _not_listed(exc):
+                    continue
+                raise
             entries = _wait(future, f"describe configs of topic {name}", self.timeout, self.bootstrap)
             result[name] = TopicInfo(
                 name=name,
@@ -211,8 +229,11 @@ class KafkaCluster:
         return sorted(metadata.topics)
 
     def broker_ids(self) -> list[int]:
-        self._request("Metadata")
-        return sorted(self.admin.list_topics(timeout=self.timeout).brokers)
+        """The live brokers' ids, from one DescribeCluster request (a Metadata request for all topics would
+        also describe every partition of the cluster, thousands of them on a large broker)."""
+        self._request("DescribeCluster")
+        future = self.admin.describe_cluster(request_timeout=self.timeout)
+        return sorted(node.id for node in _wait(future, "describe the cluster", self.timeout, self.bootstrap).nodes)
 
     def local_offsets(
         self, partitions: Iterable[tuple[str, int]], settled: Mapping[tuple[str, int], LocalOffsets] | None = None

@@ -21,7 +21,7 @@ from tests.sidecar_harness import settings, wait_for, write_config
 from tiering.cli.main import main
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
-from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError
+from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError, TopicInfo
 
 pytestmark = pytest.mark.integration
 
@@ -94,8 +94,9 @@ class OneAnswerLacks(KafkaCluster):
 
     hidden: str | None = None
 
-    def topic_names(self) -> list[str]:
-        return [n for n in super().topic_names() if n != self.hidden]
+    def topics(self, names: object, *, missing_ok: bool = False) -> dict[str, TopicInfo]:
+        found = super().topics(names, missing_ok=missing_ok)  # type: ignore[arg-type]
+        return {n: info for n, info in found.items() if not (missing_ok and n == self.hidden)}
 
     def topic_ids(self, names: object) -> dict[str, str | None]:
         found = super().topic_ids(names)  # type: ignore[arg-type]

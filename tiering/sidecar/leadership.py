@@ -68,8 +68,7 @@ def led_partitions(ctx: SidecarContext) -> Led:
     with ctx.manager.lock:
         topics = {topic_id_str(tid): entry for tid, entry in ctx.manager.state.topics.items()}
         paused, rolled_back = ctx.manager.state.cluster.upload_paused, ctx.manager.state.cluster.rolled_back
-    existing = set(ctx.cluster.topic_names())
-    infos = ctx.cluster.topics({name for name, _ in topics.values()} & existing)
+    infos = ctx.cluster.topics({name for name, _ in topics.values()}, missing_ok=True)
     dirs = find_partition_dirs(ctx.settings.log_dirs)
     led = Led([], {})
     for topic_id, (name, tiering) in topics.items():
