@@ -125,6 +125,7 @@ class KafkaCluster:
         self.on_request = on_request
         self._config = {"bootstrap.servers": bootstrap, **(client_config or {})}
         self._admin: AdminClient | None = admin_client(self._config)
+        self._retired: AdminClient | None = None  # the client a timed-out describe replaced (see ``topics``)
 
     @property
     def admin(self) -> AdminClient:
@@ -137,7 +138,7 @@ class KafkaCluster:
         """Release the admin client (idempotent). AdminClient has no ``close()``: its librdkafka handle
         (threads, connections) is destroyed when the last reference goes, so this drops ours; a client left
         alive keeps reconnecting after the cluster is gone."""
-        self._admin = None
+        self._admin = self._retired = None
 
     def __enter__(self) -> KafkaCluster:
         return self
@@ -162,7 +163,9 @@ class KafkaCluster:
         except KafkaClusterError as exc:
             if "Timed out" not in str(exc) and "no answer" not in str(exc):
                 raise
-            self._admin = admin_client(self._config)
+            # the old client is kept until the next replacement or close(): dropping it would destroy the
+            # handle under a call another thread (the lag monitor, a CLI command) has in flight on it
+            self._retired, self._admin = self._admin, admin_client(self._config)
             return self._describe(names, missing_ok)
 
     def _request(self, api: str) -> None:
