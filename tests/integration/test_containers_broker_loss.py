@@ -121,6 +121,19 @@ class CatchUpReader:
         except BaseException as exc:
             self.failure = exc
 
+    def join(self, thread: threading.Thread, stalled: float = 60, limit: float = 600) -> None:
+        """Wait for the reader while it makes progress: a slow reader on a loaded machine (one CI run stopped
+        it 565 records short after a fixed 240 s) is waited for, a stalled one (no record for ``stalled``
+        seconds) is not, and the missing offsets then fail the test."""
+        deadline = time.monotonic() + limit
+        seen, moved = -1, time.monotonic()
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(5)
+            if len(self.got) != seen:
+                seen, moved = len(self.got), time.monotonic()
+            elif time.monotonic() - moved > stalled:
+                return
+
     def _retrying(self, call: Callable[[], T]) -> T:
         """``call()``, again after a KafkaClusterError ("retry later": e.g. FENCED_LEADER_EPOCH while a
         leader is being elected), for up to a minute."""
@@ -187,7 +200,7 @@ def test_leader_pod_lost_during_uploads_and_catch_up_reads_loses_nothing(
             container_stack.unpause_sidecar(old_sidecar)
             time.sleep(5)  # several rescans of the woken sidecar
         finished = observer.manager.segments(topic_id, 0, FINISHED)
-        reading.join(240)
+        reader.join(reading)
     finally:
         reader.stop.set()
         if old_leader is not None:  # the session's cluster whole again for the next test
