@@ -308,7 +308,8 @@ class KafkaCluster:
     def _ask_offsets(
         self, tps: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel, *, retry_moved: bool
     ) -> tuple[dict[tuple[str, int], Any], list[TopicPartition]]:
-        """The answers, and (with ``retry_moved``) the partitions refused because leadership moved."""
+        """The answers, and (with ``retry_moved``) the partitions refused because leadership moved. Each
+        answer is read once: at 2,000 partitions every extra pass over the futures costs milliseconds."""
         self._request("ListOffsets")
         futures = self.admin.list_offsets(
             {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
