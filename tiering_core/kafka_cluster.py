@@ -102,6 +102,15 @@ def _not_listed(exc: KafkaClusterError) -> bool:
     return isinstance(refused, KafkaException) and refused.args[0].code() in _NOT_LISTED
 
 
+def _leadership_moved(future: Future, timeout: float) -> bool:
+    """Whether ``future`` failed because the client's idea of the partition's leader is out of date."""
+    try:
+        error = future.exception(timeout=timeout)
+    except TimeoutError:
+        return False
+    return isinstance(error, KafkaException) and error.args[0].code() in _LEADERSHIP_MOVED
+
+
 def kafka_topic_id(text: str) -> str:
     """A topic id as Kafka prints it (URL-safe base64, no padding, as in partition.metadata).
 
@@ -295,41 +304,28 @@ class KafkaCluster:
         """One ListOffsets request per leader. Right after leadership moved (a reassignment, a broker
         restart) the leaders answer FENCED_LEADER_EPOCH or NOT_LEADER_OR_FOLLOWER to a client whose
         metadata is older, and librdkafka's admin client does not refresh it on that answer (it waits for
-        its periodic refresh, 5 minutes): the topics' metadata is then asked for once and the partitions
-        that were refused are asked again, so a sidecar on the new leader does not stall."""
-        found, stale = self._ask_offsets(tps, spec, isolation, retry_moved=True)
-        if stale:
-            for topic in sorted({tp.topic for tp in stale}):
-                self._request("Metadata")
-                self.admin.list_topics(topic=topic, timeout=self.timeout)  # updates librdkafka's cache
-            found.update(self._ask_offsets(stale, spec, isolation, retry_moved=False)[0])
-        return found
-
-    def _ask_offsets(
-        self, tps: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel, *, retry_moved: bool
-    ) -> tuple[dict[tuple[str, int], Any], list[TopicPartition]]:
-        """The answers, and (with ``retry_moved``) the partitions refused because leadership moved. Each
-        answer is read once: at 2,000 partitions every extra pass over the futures costs milliseconds."""
+        its periodic refresh, 5 minutes): the topics' metadata is then asked for once and the request
+        sent again, so a sidecar on the new leader does not stall."""
         self._request("ListOffsets")
         futures = self.admin.list_offsets(
             {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
         )
-        found: dict[tuple[str, int], Any] = {}
-        stale: list[TopicPartition] = []
+        stale = [f for f in futures.values() if _leadership_moved(f, self.timeout)]
+        if stale:
+            for topic in sorted({tp.topic for tp in tps}):
+                self._request("Metadata")
+                self.admin.list_topics(topic=topic, timeout=self.timeout)  # updates librdkafka's cache
+            self._request("ListOffsets")
+            futures = self.admin.list_offsets(
+                {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
+            )
+        found = {}
         for tp, future in futures.items():
             what = f"list offsets of {tp.topic}-{tp.partition}"
-            try:
-                info = _wait(future, what, self.timeout, self.bootstrap)
-            except KafkaClusterError as exc:
-                refused = exc.__cause__
-                if retry_moved and isinstance(refused, KafkaException) and refused.args[0].code() in _LEADERSHIP_MOVED:
-                    stale.append(tp)
-                    continue
-                raise
+            info = found[(tp.topic, tp.partition)] = _wait(future, what, self.timeout, self.bootstrap)
             if info.offset < 0:  # a request that timed out answers OFFSET_INVALID (-1001), not an error
                 raise KafkaClusterError(f"{what}: no answer within {self.timeout:.0f}s")
-            found[(tp.topic, tp.partition)] = info
-        return found, stale
+        return found
 
     def delete_records_before(self, topic: str, partition: int, offset: int) -> int:
         """Advance the log start offset of ``topic-partition`` to ``offset`` (exclusive end).
