@@ -3,7 +3,6 @@ towards clients, and its Prometheus metrics."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from reader.proxy import ProxyTls
 from tests.proxy_harness import proxy_bootstrap, proxy_for
 from tests.sasl_broker import PASSWORD, USER, SaslBroker, sasl_broker
 from tests.sidecar_harness import write_config
+from tests.tls import self_signed
 
 pytestmark = pytest.mark.integration
 
@@ -66,18 +66,10 @@ def test_sasl_plain_passes_through(stack: Endpoints, broker: SaslBroker, tmp_pat
         assert any("Authentication failed: Invalid username or password" in e for e in errors), errors
 
 
-def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    cert, key = tmp_path / "proxy.pem", tmp_path / "proxy.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)  # fmt: skip
-    return cert, key
-
-
 def test_tls_towards_clients_and_metrics(stack: Endpoints, tmp_path: Path) -> None:
     """Clients connect with security.protocol=SSL (the proxy's certificate verified) to a plaintext cluster;
     a plaintext client is not served; /metrics counts the requests by API and source."""
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "proxy")
     metrics_port = free_port()
     config = write_config(stack, tmp_path)
     with proxy_for(config, stack.bootstrap, tls=ProxyTls(cert_file=cert, key_file=key),

@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from functools import cached_property
 from urllib.parse import urlsplit
 
 from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
@@ -33,11 +34,6 @@ class PresignedRanges:
         self.presign_seconds = presign_seconds
         config = store.client.meta.config
         self.timeout = max(float(config.connect_timeout or 10), float(config.read_timeout or 60))
-        verify = store.client._endpoint.http_session._verify  # boto3's own verify setting (path, True or False)
-        self.ssl = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
-        if verify is False:
-            self.ssl.check_hostname = False
-            self.ssl.verify_mode = ssl.CERT_NONE
         self._urls: OrderedDict[str, tuple[float, str, str, str]] = OrderedDict()  # key -> (expiry, scheme, host, path)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -88,6 +84,17 @@ class PresignedRanges:
             while len(self._urls) > _URLS:
                 self._urls.popitem(last=False)
         return entry[1:]
+
+    @cached_property
+    def ssl(self) -> ssl.SSLContext:
+        """The TLS context of https endpoints, built on first use: loading the CA bundle costs about 50 ms,
+        which a reader of a plain-http endpoint (a local MinIO) should not pay at start-up."""
+        verify = self.store.client._endpoint.http_session._verify  # boto3's own verify setting (path, True or False)
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
 
     def _connection(self, scheme: str, host: str) -> http.client.HTTPConnection:
         conns: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault("conns", {})
