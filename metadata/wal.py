@@ -86,21 +86,30 @@ class MetadataWal:
     def ensure_topic(self, create: bool = True) -> int:
         """Create the WAL topic if it does not exist; return its partition count (idempotent).
 
-        ``create=False`` (readers, which never write): a missing topic raises WalError instead.
+        ``create=False`` (readers, which never write): a missing topic raises WalError instead. The topic
+        is looked up by name with DescribeTopics (its id and leaders in one answer), not by listing the
+        cluster's topics: on a cluster of thousands of topics that listing was most of a reader's start.
         """
+        found = self._describe(missing_ok=True)
+        if found is None:
+            if not create:
+                raise WalMissing(
+                    f"metadata topic {self.topic} does not exist at {self.bootstrap}: no sidecar has run yet"
+                )
+            replication = self._create()
+            found = self._describe(missing_ok=False)
+            log.info("metadata topic ready", topic=self.topic, partitions=found[0], replication=replication)
+        self.partitions, self.topic_id = found
+        return self.partitions
+
+    def _create(self) -> int:
+        """Create the topic (replication min(3, brokers)); return its replication factor."""
         admin = self._admin()
         try:
-            metadata = admin.list_topics(timeout=self.timeout)
+            brokers = len(admin.describe_cluster(request_timeout=self.timeout).result(self.timeout).nodes)
         except KafkaException as exc:
             raise WalError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc.args[0].str()}") from exc
-        existing = metadata.topics.get(self.topic)
-        if existing is not None and existing.error is None:
-            self.partitions = self._wait_ready()
-            self.topic_id = self._describe_topic_id()
-            return self.partitions
-        if not create:
-            raise WalMissing(f"metadata topic {self.topic} does not exist at {self.bootstrap}: no sidecar has run yet")
-        replication = min(3, len(metadata.brokers))
+        replication = min(3, brokers)
         topic = NewTopic(
             self.topic,
             num_partitions=self.partitions,
@@ -118,41 +127,46 @@ class MetadataWal:
         except Exception as exc:  # the topic may have been created concurrently by another sidecar
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise WalError(f"creating metadata topic {self.topic}: {exc}") from exc
-        self.partitions = self._wait_ready()
-        self.topic_id = self._describe_topic_id()
-        log.info("metadata topic ready", topic=self.topic, partitions=self.partitions, replication=replication)
-        return self.partitions
+        return replication
 
-    def _wait_ready(self) -> int:
-        """Wait until every partition of the topic has a leader; return the partition count."""
+    def _refresh_leaders(self) -> None:
+        """Wait until every partition has a leader, then refresh the admin client's own view of the leaders
+        (a Metadata request for the topic: DescribeTopics answers do not update librdkafka's cache), so
+        that the next ListOffsets goes to the current leaders."""
+        self._describe(missing_ok=False)
+        try:
+            self._admin().list_topics(topic=self.topic, timeout=self.timeout)
+        except KafkaException as exc:
+            raise WalError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc.args[0].str()}") from exc
+
+    def _describe(self, missing_ok: bool) -> tuple[int, str] | None:
+        """(partition count, topic id) once every partition of the topic has a leader; None if the topic
+        does not exist and ``missing_ok``. Otherwise a missing topic (a broker that has not learned of a
+        just-created one) is asked again until the timeout."""
         deadline = time.monotonic() + self.timeout
         while True:
+            future = self._admin().describe_topics(TopicCollection([self.topic]), request_timeout=self.timeout)
             try:
-                found = self._admin().list_topics(topic=self.topic, timeout=self.timeout).topics.get(self.topic)
+                found = future[self.topic].result(self.timeout)
             except KafkaException as exc:
-                raise WalError(f"cannot reach the Kafka cluster at {self.bootstrap}: {exc.args[0].str()}") from exc
-            leaders = [p.leader for p in found.partitions.values()] if found and found.error is None else []
-            if leaders and min(leaders) >= 0:
-                return len(leaders)
-            if time.monotonic() > deadline:
-                raise WalError(f"metadata topic {self.topic} has partitions without a leader after {self.timeout:.0f}s")
-            time.sleep(0.1)
-
-    def _describe_topic_id(self) -> str:
-        """The WAL topic's id; a broker that has not learned of a just-created topic yet is asked again."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            future = self._admin().describe_topics(TopicCollection([self.topic]))[self.topic]
-            try:
-                raw = str(future.result(self.timeout).topic_id)
-            except KafkaException as exc:
-                if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                raise WalError(f"describing metadata topic {self.topic}: {exc}") from exc
+                error = exc.args[0]
+                if error.code() < 0:  # librdkafka's own: transport, timeout, authentication
+                    raise WalError(f"cannot reach the Kafka cluster at {self.bootstrap}: {error.str()}") from exc
+                if error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise WalError(
+                        f"describing metadata topic {self.topic} at {self.bootstrap}: {error.str()}"
+                    ) from exc
+                if missing_ok:
+                    return None
+                found = None
             except Exception as exc:
-                raise WalError(f"describing metadata topic {self.topic}: {exc}") from exc
-            return topic_id_str(topic_id_bytes(raw))
+                raise WalError(f"describing metadata topic {self.topic} at {self.bootstrap}: {exc}") from exc
+            if found is not None and found.partitions and all(p.leader is not None for p in found.partitions):
+                return len(found.partitions), topic_id_str(topic_id_bytes(str(found.topic_id)))
+            if time.monotonic() > deadline:
+                state = "does not exist" if found is None else "has partitions without a leader"
+                raise WalError(f"metadata topic {self.topic} {state} after {self.timeout:.0f}s")
+            time.sleep(0.1)
 
     def partition_for(self, record: MetadataRecord) -> int:
         """The WAL partition of ``record``: by topic id + partition, by topic id, or 0 (cluster)."""
@@ -271,7 +285,7 @@ class MetadataWal:
                 problem = f"no answer for partitions {unanswered} within {self.timeout:.0f}s"
             if time.monotonic() > deadline:  # a new topic: leaders may still be moving
                 raise WalError(f"reading the {what} offsets of {self.topic}: {problem}")
-            self._wait_ready()  # also refreshes the admin client's view of the leaders
+            self._refresh_leaders()
 
     def gap(self, partition: int, expected: int, found: str) -> WalGap:
         """The error for records missing before ``expected`` in ``partition``: what was found instead."""
