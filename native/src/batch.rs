@@ -146,7 +146,7 @@ pub fn decompress(codec: u8, data: &[u8]) -> Result<Vec<u8>, String> {
     let result = match codec {
         1 => gzip(data),
         2 => snappy(data),
-        3 => lz4(data),
+        3 => crate::lz4::decompress(data),
         4 => zstd::stream::decode_all(data).map_err(|e| e.to_string()),
         _ => return Err(format!("unknown compression codec id {codec}")),
     };
@@ -196,8 +196,3 @@ fn raw_snappy(decoder: &mut snap::raw::Decoder, block: &[u8], out: &mut Vec<u8>)
     Ok(())
 }
 
-fn lz4(data: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(data.len() * 4);
-    lz4_flex::frame::FrameDecoder::new(data).read_to_end(&mut out).map_err(|e| e.to_string())?;
-    Ok(out)
-}

@@ -23,6 +23,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 mod batch;
 mod columns;
+mod lz4;
 mod record;
 
 use batch::{Kind, LOG_OVERHEAD};
@@ -61,7 +62,8 @@ pub fn with_buffer<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyR
 
 /// The records section of the batch at ``position`` of ``buf`` (``length``: its length field), its
 /// CRC-32C checked against ``crc`` when ``verify_crc``, decompressed for ``codec`` 1-4. The GIL is
-/// released throughout.
+/// released throughout. Uncompressed and LZ4 sections (the common frame layout, see `lz4`) are written
+/// straight into the bytes object returned; the other codecs decompress into a buffer first.
 #[pyfunction]
 #[pyo3(signature = (buf, position, length, crc, codec, verify_crc=true))]
 fn batch_payload<'py>(
@@ -73,23 +75,67 @@ fn batch_payload<'py>(
     codec: u8,
     verify_crc: bool,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let result = with_buffer(buf, |data| {
-        py.detach(|| -> Result<Vec<u8>, Failure> {
-            let fail = |reason: String| Failure { kind: Kind::Format, position, reason };
-            if length < batch::HEADER_SIZE - LOG_OVERHEAD || position + LOG_OVERHEAD + length > data.len() {
-                return Err(fail(format!("batch of {} bytes extends past the buffer", length + LOG_OVERHEAD)));
-            }
-            if verify_crc {
-                batch::check_crc(data, position, length, crc).map_err(fail)?;
-            }
-            let section = &data[position + batch::HEADER_SIZE..position + LOG_OVERHEAD + length];
-            if codec == 0 {
-                return Ok(section.to_vec());
-            }
+    let fail = |reason: String| Failure { kind: Kind::Format, position, reason };
+    with_buffer(buf, |data| -> PyResult<Bound<'py, PyBytes>> {
+        if length < batch::HEADER_SIZE - LOG_OVERHEAD || position + LOG_OVERHEAD + length > data.len() {
+            let reason = format!("batch of {} bytes extends past the buffer", length + LOG_OVERHEAD);
+            return Err(decode_error(fail(reason)));
+        }
+        let check = || if verify_crc { batch::check_crc(data, position, length, crc).map_err(fail) } else { Ok(()) };
+        let section = &data[position + batch::HEADER_SIZE..position + LOG_OVERHEAD + length];
+        if codec == 0 {
+            return filled_bytes(py, section.len(), |out| {
+                check()?;
+                out.copy_from_slice(section);
+                Ok(section.len())
+            });
+        }
+        if codec == 3 {
+            // the frame's block table is read with the GIL held (a few reads per 64 KiB), the blocks without it
+            let lz4_fail = |reason: String| fail(format!("lz4 decompression failed: {reason}"));
+            return match lz4::Frame::parse(section) {
+                Ok(frame) => filled_bytes(py, frame.bound, |out| {
+                    check()?;
+                    frame.decode_into(out).map_err(lz4_fail)
+                }),
+                Err(reason) => {
+                    py.detach(check).map_err(decode_error)?; // a CRC mismatch is the error to give first
+                    Err(decode_error(lz4_fail(reason)))
+                }
+            };
+        }
+        let result = py.detach(|| -> Result<Vec<u8>, Failure> {
+            check()?;
             batch::decompress(codec, section).map_err(fail)
-        })
-    })?;
-    Ok(PyBytes::new(py, &result.map_err(decode_error)?))
+        });
+        Ok(PyBytes::new(py, &result.map_err(decode_error)?))
+    })?
+}
+
+/// A new bytes object of at most ``size`` bytes written by ``fill`` with the GIL released (nothing else
+/// can see the object yet), cut to the length ``fill`` returns.
+fn filled_bytes<'py>(
+    py: Python<'py>,
+    size: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<usize, Failure> + Send,
+) -> PyResult<Bound<'py, PyBytes>> {
+    unsafe {
+        let mut obj = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size as ffi::Py_ssize_t);
+        if obj.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let bytes = Bound::from_owned_ptr(py, obj); // dropped (freed) on an early return
+        let out = std::slice::from_raw_parts_mut(ffi::PyBytes_AsString(obj) as *mut u8, size);
+        let written = py.detach(|| fill(out)).map_err(decode_error)?;
+        if written == size {
+            return Ok(bytes.cast_into_unchecked());
+        }
+        let _ = bytes.into_ptr(); // _PyBytes_Resize takes over the reference (and frees the object on failure)
+        if ffi::_PyBytes_Resize(&mut obj, written as ffi::Py_ssize_t) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
+    }
 }
 
 /// A Python int from an i128 (the small-int path when it fits an i64).
