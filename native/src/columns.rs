@@ -31,7 +31,7 @@ impl Binary {
 
     #[inline]
     fn push(&mut self, field: Option<&[u8]>) -> Result<(), String> {
-        if self.len % 8 == 0 {
+        if self.len.is_multiple_of(8) {
             self.validity.push(0);
         }
         match field {
