@@ -54,6 +54,14 @@ def test_every_layout_decodes_as_python_lz4(layout: str, size: int) -> None:
     assert _payload(frame) == data
 
 
+def test_only_the_first_frame_of_a_section_is_read() -> None:
+    """As python-lz4 and Kafka's consumers read it: bytes after the first frame's end mark are ignored."""
+    first, second = _data(70_000), _data(1000)
+    section = lz4.frame.compress(first, **KAFKA) + lz4.frame.compress(second, **KAFKA)
+    assert lz4.frame.decompress(section) == first
+    assert _payload(section) == first
+
+
 FRAME = lz4.frame.compress(_data(200_000), **KAFKA)
 
 

@@ -33,7 +33,7 @@ class _Ranges(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
-        pass
+        """Silent: http.server would write a line per request to stderr."""
 
 
 def _serve(context: ssl.SSLContext | None) -> Iterator[str]:
