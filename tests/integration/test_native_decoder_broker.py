@@ -8,6 +8,7 @@ source's (aborted transactions and control batches dropped, given the segments' 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,14 @@ def _produce(producer: Producer, topic: str, records: list[tuple[bytes | None, b
     assert producer.flush(120) == 0
 
 
+@dataclass(frozen=True)
+class BrokerSegments:
+    partition_dirs: list[Path]
+    tiny_rounds: int  # how many times the 12,000 tiny records were produced
+
+
 @pytest.fixture(scope="module")
-def partition_dirs(stack: Endpoints) -> list[Path]:
+def broker_segments(stack: Endpoints) -> BrokerSegments:
     bootstrap = stack.bootstrap
     mixed = create_topic(bootstrap, segment_bytes=1 << 20, max_message_bytes=3_000_000)
     for c, codec in enumerate(CODECS):
@@ -59,8 +66,10 @@ def partition_dirs(stack: Endpoints) -> list[Path]:
     # not promise one batch even so (a loaded local run still split them, 1 in 3 after the Spark tests):
     # the records are produced again until a batch of 10,000 is on disk.
     tiny = _producer(bootstrap, **{"linger.ms": 60_000, "batch.size": 1 << 20, "batch.num.messages": 20000})
-    for _ in range(5):
+    tiny_rounds = 0
+    while tiny_rounds < 5:
         _produce(tiny, mixed, [(None, b"%d" % (i % 10), []) for i in range(12000)])
+        tiny_rounds += 1
         if _largest_batch(Path(stack.brokers[0].log_dir) / f"{mixed}-0") >= 10_000:
             break
     txn = _producer(bootstrap, **{"transactional.id": f"{mixed}-txn", "linger.ms": 2})
@@ -78,7 +87,7 @@ def partition_dirs(stack: Endpoints) -> list[Path]:
         _produce(_producer(bootstrap, **{"compression.type": codec, "linger.ms": 5}), appended,
                  [(b"k%d" % i, b"appended %d" % i, []) for i in range(300)])  # fmt: skip
     log_dir = Path(stack.brokers[0].log_dir)
-    return [log_dir / f"{mixed}-0", log_dir / f"{appended}-0"]
+    return BrokerSegments([log_dir / f"{mixed}-0", log_dir / f"{appended}-0"], tiny_rounds)
 
 
 def _largest_batch(partition_dir: Path) -> int:
@@ -98,9 +107,9 @@ def _segments(partition_dir: Path) -> list[tuple[bytes, tuple[tuple[int, int, in
     return out
 
 
-def test_broker_segments_decode_identically_as_messages(partition_dirs: list[Path]) -> None:
+def test_broker_segments_decode_identically_as_messages(broker_segments: BrokerSegments) -> None:
     shapes: set[str] = set()
-    for partition_dir in partition_dirs:
+    for partition_dir in broker_segments.partition_dirs:
         for data, _ in _segments(partition_dir):
             python, native = (outcome(name, data) for name in DECODERS)
             assert isinstance(python, list), python
@@ -118,10 +127,10 @@ def test_broker_segments_decode_identically_as_messages(partition_dirs: list[Pat
     assert shapes >= wanted, f"the broker-written segments lack {sorted(wanted - shapes)}"
 
 
-def test_broker_segments_give_identical_arrow_rows(partition_dirs: list[Path]) -> None:
+def test_broker_segments_give_identical_arrow_rows(broker_segments: BrokerSegments) -> None:
     rows = 0
     aborted_seen = False
-    for partition_dir in partition_dirs:
+    for partition_dir in broker_segments.partition_dirs:
         for data, aborted in _segments(partition_dir):
             aborted_seen |= bool(aborted)
             python, native = (column_outcome(name, data, aborted=aborted, window=1 << 20) for name in DECODERS)
@@ -129,4 +138,5 @@ def test_broker_segments_give_identical_arrow_rows(partition_dirs: list[Path]) -
             assert native == python
             rows += len(native)
     assert aborted_seen
-    assert rows == 5 * (600 + 2) + 12000 + 50 + 1 + 5 * 300  # every committed record, once
+    tiny = 12000 * broker_segments.tiny_rounds
+    assert rows == 5 * (600 + 2) + tiny + 50 + 1 + 5 * 300  # every committed record, once
