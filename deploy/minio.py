@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -51,7 +52,9 @@ def build_minio() -> Path:
     return binary
 
 
-def start_minio(data_dir: Path, port: int, console_port: int) -> int:
+def start_minio(data_dir: Path, port: int, console_port: int, certs_dir: Path | None = None) -> int:
+    """Start MinIO on 127.0.0.1:``port``; with ``certs_dir`` (holding ``public.crt`` and ``private.key``) it
+    serves https only."""
     data_dir.mkdir(parents=True, exist_ok=True)
     env = {
         "MINIO_ROOT_USER": ACCESS_KEY,
@@ -64,11 +67,15 @@ def start_minio(data_dir: Path, port: int, console_port: int) -> int:
         str(build_minio()), "server", str(data_dir / "data"), "--quiet",
         "--address", f"127.0.0.1:{port}", "--console-address", f"127.0.0.1:{console_port}",
     ]  # fmt: skip
+    if certs_dir is not None:
+        argv += ["--certs-dir", str(certs_dir)]
     return spawn(argv, data_dir / "minio.log", env=env)
 
 
-def minio_live(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/minio/health/live", timeout=2) as resp:
+def minio_live(port: int, ca_file: Path | None = None) -> bool:
+    """Whether MinIO answers its liveness probe; over https, verified against ``ca_file``, when given."""
+    scheme, context = ("https", ssl.create_default_context(cafile=str(ca_file))) if ca_file else ("http", None)
+    with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/minio/health/live", timeout=2, context=context) as resp:
         return bool(resp.status == 200)
 
 

@@ -90,7 +90,7 @@ def _kafka_clients_released(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"{request.node.nodeid} left Kafka clients open:\n  " + "\n  ".join(lines), pytrace=False)
 
 
-def _unavailable(what: str, exc: Exception) -> NoReturn:
+def unavailable(what: str, exc: Exception) -> NoReturn:
     message = f"{what} could not start: {exc}"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message, pytrace=False)
@@ -106,7 +106,7 @@ def _start(tmp_path_factory: pytest.TempPathFactory, name: str, brokers: int) ->
     except StackError as exc:
         with contextlib.suppress(StackError):
             stack_mod.stop(stack_dir)
-        _unavailable(f"the local stack ({brokers} broker(s), {backend or 'reused'} backend)", exc)
+        unavailable(f"the local stack ({brokers} broker(s), {backend or 'reused'} backend)", exc)
     try:
         yield endpoints
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, FilePath, SecretStr
 
 
 class S3StoreConfig(BaseModel):
@@ -19,6 +19,11 @@ class S3StoreConfig(BaseModel):
     endpoint_url: str | None = Field(default=None, description="For S3-compatible servers; None for AWS.")
     region: str | None = None
     path_style: bool = Field(default=False, description="Path-style addressing (most S3-compatible servers).")
+    ca_bundle: FilePath | None = Field(
+        default=None,
+        description="PEM file of the CAs that sign an https endpoint's certificate (a private CA, a self-signed "
+        "S3-compatible server); None: the system's CAs, or AWS_CA_BUNDLE's file when that is set.",
+    )
     access_key_id: str | None = Field(default=None, description="None: the standard AWS credential chain.")
     secret_access_key: SecretStr | None = Field(default=None, description="Never shown in logs, errors or repr.")
     sse: Literal["AES256", "aws:kms"] | None = Field(default=None, description="Server-side encryption.")

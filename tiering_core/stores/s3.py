@@ -66,6 +66,7 @@ class S3Store:
             aws_access_key_id=config.access_key_id,
             aws_secret_access_key=config.secret_key(),
             config=boto_config,
+            verify=str(config.ca_bundle) if config.ca_bundle is not None else None,
         )
         self.transfer = TransferConfig(
             multipart_threshold=config.part_size,
