@@ -39,7 +39,12 @@ class StoreUnavailable(RemoteStoreError):
     def __init__(self, endpoint: str, cause: object, what: str = "") -> None:
         self.endpoint = endpoint
         during = f" ({what})" if what else ""
-        super().__init__(f"remote store {endpoint} is unreachable{during}: {cause}")
+        hint = ""
+        if "CERTIFICATE_VERIFY_FAILED" in str(cause):  # botocore's SSLError and ssl's own both say so
+            hint = (
+                "; the endpoint's TLS certificate is not signed by a CA this host trusts: set remote_storage.ca_bundle"
+            )
+        super().__init__(f"remote store {endpoint} is unreachable{during}: {cause}{hint}")
 
 
 @dataclass(frozen=True, slots=True)
