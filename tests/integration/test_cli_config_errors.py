@@ -1,5 +1,5 @@
 """A configuration the CLI cannot use is one clean error, never a traceback: malformed YAML, a typo inside a nested
-section, no broker id or log_dirs for ``sidecar run`` from environment variables."""
+section, a CA file that does not exist, no broker id or log_dirs for ``sidecar run`` from environment variables."""
 
 from __future__ import annotations
 
@@ -33,6 +33,13 @@ def test_malformed_yaml_and_a_nested_typo_are_named(tmp_path: Path) -> None:
         f"Error: invalid sidecar configuration in {typo}:",
         "  remote_storage.bucket: Field required",
         "  remote_storage.buckt: unknown setting",
+    ]
+    missing_ca = tmp_path / "missing-ca.yaml"
+    missing_ca.write_text(f'bootstrap_servers: "a:1"\nremote_storage:\n  kind: s3\n  bucket: x\n'
+                          f'  ca_bundle: {tmp_path}/no-such-ca.pem\n')  # fmt: skip
+    assert error_lines("topic", "status", "t", "--config", str(missing_ca)) == [
+        f"Error: invalid sidecar configuration in {missing_ca}:",
+        "  remote_storage.ca_bundle: Path does not point to a file",
     ]
 
 

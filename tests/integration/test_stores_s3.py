@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import crc32c
 import pytest
 
 from deploy.stack import Endpoints
+from tests.store_parts import parts_of
 from tiering_core.errors import FormatError
 from tiering_core.stores import (
     IncompleteUpload,
@@ -36,15 +36,6 @@ def config(stack: Endpoints, **overrides: object) -> S3StoreConfig:
         "secret_access_key": stack.s3.secret_key, "part_size": 5 << 20, **overrides,
     }  # fmt: skip
     return S3StoreConfig(**values)
-
-
-def parts_of(body: bytes, part_size: int) -> list[Part]:
-    """The parts ``put_parts`` takes for ``body``, with the CRC-32C of each part's bytes."""
-    return [
-        Part(offset, len(chunk), crc32c.crc32c(chunk))
-        for offset in range(0, len(body), part_size)
-        for chunk in [body[offset : offset + part_size]]
-    ]
 
 
 def test_multipart_round_trip_ranges_and_delete(stack: Endpoints, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 ``ca_bundle`` in the store's settings names the CA file, as an operator with a private CA or a
 self-signed S3-compatible server sets it: a multipart upload, small objects and ranged reads then go
 over TLS byte for byte; without it the certificate is refused, naming the endpoint, before anything is
-written or read.
+written or read. (A CA file that does not exist is a settings error: tests/integration/test_cli_config_errors.py.)
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
-import crc32c
 import pytest
-from pydantic import ValidationError
 
 from deploy import minio
 from deploy.errors import StackError
 from deploy.procs import free_port, stop_groups, wait_ready
 from tests.conftest import unavailable
+from tests.store_parts import parts_of
 from tests.tls import self_signed
 from tiering_core.stores import S3Store, S3StoreConfig, StoreUnavailable
-from tiering_core.stores.base import Part
 from tiering_core.stores.s3_ranges import PresignedRanges
 
 pytestmark = pytest.mark.integration
@@ -59,10 +56,9 @@ def tls_minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsMinio]:
         unavailable("MinIO with TLS", exc)
     endpoint = f"https://127.0.0.1:{port}"
     try:
-        boto3.client("s3", endpoint_url=endpoint, region_name=minio.REGION, verify=str(cert),
-                     aws_access_key_id=minio.ACCESS_KEY,
-                     aws_secret_access_key=minio.SECRET_KEY).create_bucket(Bucket=minio.BUCKET)  # fmt: skip
-        yield TlsMinio(endpoint, cert)
+        server = TlsMinio(endpoint, cert)
+        S3Store(_config(server, ca_bundle=cert)).client.create_bucket(Bucket=minio.BUCKET)
+        yield server
     finally:
         stop_groups([pid])
 
@@ -84,9 +80,8 @@ def test_multipart_upload_and_ranged_reads_over_https(tls_minio: TlsMinio, tmp_p
     path = tmp_path / "00000000000000000000.log"
     path.write_bytes(body)
     key = f"tls/{uuid.uuid4().hex}.log"
-    parts = [Part(o, len(c), crc32c.crc32c(c)) for o in range(0, len(body), PART) for c in [body[o : o + PART]]]
     with path.open("rb") as f:
-        store.put_parts(key, f.fileno(), len(body), parts)
+        store.put_parts(key, f.fileno(), len(body), parts_of(body, PART))
     store.put_bytes(f"{key}.manifest", b"manifest bytes")
     assert store.head(key) == len(body)
     assert store.get_bytes(f"{key}.manifest") == b"manifest bytes"
@@ -114,8 +109,3 @@ def test_an_untrusted_certificate_is_refused_naming_the_endpoint(tls_minio: TlsM
         assert str(error).endswith("set remote_storage.ca_bundle"), error  # what to do about it
     trusted = S3Store(_config(tls_minio, ca_bundle=tls_minio.ca_file))
     assert trusted.head(key) is None  # nothing was written through the refused connection
-
-
-def test_a_missing_ca_bundle_file_is_a_settings_error(tls_minio: TlsMinio, tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="ca_bundle"):
-        _config(tls_minio, ca_bundle=tmp_path / "no-such-ca.pem")
