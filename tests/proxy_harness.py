@@ -68,15 +68,17 @@ def check_exact(offsets_and_records: list[tuple[int, tuple]], want: Produced) ->
 
 
 def console_consume(bootstrap: str, topic: str, count: int, isolation: str = "read_uncommitted",
-                    timeout_ms: int = 120_000) -> list[tuple[int, int, bytes | None, bytes | None]]:  # fmt: skip
-    """Kafka's own Java console consumer (``--from-beginning``): (partition, offset, key, value) per line."""
+                    timeout_ms: int = 120_000, extra: tuple[str, ...] = ()
+                    ) -> list[tuple[int, int, bytes | None, bytes | None]]:  # fmt: skip
+    """Kafka's own Java console consumer (``--from-beginning``): (partition, offset, key, value) per line.
+    ``extra``: more of its arguments (``--consumer.config``, ``--group``)."""
     from deploy.kafka import run_kafka_tool
 
     result = run_kafka_tool(
         "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap, "--topic", topic,
         "--from-beginning", "--max-messages", str(count), "--timeout-ms", str(timeout_ms),
         "--isolation-level", isolation, "--property", "print.partition=true", "--property", "print.offset=true",
-        "--property", "print.key=true", "--property", "key.separator=\t", timeout=timeout_ms / 1000 + 120,
+        "--property", "print.key=true", "--property", "key.separator=\t", *extra, timeout=timeout_ms / 1000 + 120,
     )  # fmt: skip
     lines = [line for line in result.stdout.splitlines() if line.startswith("Partition:")]
     assert len(lines) == count, f"console consumer printed {len(lines)} of {count} records: {result.stderr[-2000:]}"

@@ -75,6 +75,11 @@ class ProxyListen(BaseModel):
         description="Largest request a client may send (Kafka's socket.request.max.bytes); a larger size "
         "closes that connection. Answers are bounded by what clients ask (fetch.max.bytes).",
     )  # fmt: skip
+    sasl_server_max_receive_size: int = Field(
+        default=512 * 1024, ge=1024,
+        description="Largest request before a client has authenticated on a SASL listener (Kafka's "
+        "sasl.server.max.receive.size): a peer that has not logged in cannot make the proxy hold max_frame_bytes.",
+    )  # fmt: skip
     max_in_flight: int = Field(
         default=32, ge=1,
         description="Requests a connection may have waiting for answers; past it the proxy stops reading "
@@ -116,6 +121,21 @@ class ProxyListen(BaseModel):
 
 class ProxySettings(ReaderSettings):
     proxy: ProxyListen = Field(default_factory=ProxyListen, description="The Kafka-protocol access layer.")
+
+    def sasl_listener(self) -> bool:
+        """The brokers' listener that clients reach through the proxy needs SASL (``kafka_client``'s
+        security.protocol, the one the proxy's own clients use on the same listener)."""
+        props = client_properties(self.kafka_client)
+        return props.get("security.protocol", "plaintext").lower().startswith("sasl")
+
+    def client_certificate(self) -> str | None:
+        """The client certificate ``kafka_client`` gives the proxy's connections to the brokers, if any."""
+        props = client_properties(self.kafka_client)
+        return (
+            props.get("ssl.certificate.location")
+            or props.get("ssl.keystore.location")
+            or ("ssl.certificate.pem" if props.get("ssl.certificate.pem") else None)
+        )
 
     def upstream_ssl(self) -> ssl.SSLContext | None:
         """TLS towards the brokers, from ``kafka_client`` (security.protocol SSL / SASL_SSL, ssl.* files)."""

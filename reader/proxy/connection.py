@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reader.proxy import answers
+from reader.proxy.authentication import Authentication
 from reader.proxy.fetch import FETCH, FetchPlan
 from reader.proxy.frames import FrameProtocol
 from reader.proxy.protocol import (
@@ -73,9 +74,10 @@ class Slot:
     source: str = "broker"
 
 
-async def read_frame(reader: asyncio.StreamReader, max_bytes: int, first_timeout: float | None,
+async def read_frame(reader: asyncio.StreamReader, max_bytes: Callable[[], int], first_timeout: float | None,
                      rest_timeout: float, who: str) -> bytes | None:  # fmt: skip
-    """The next frame's bytes (no size prefix); None at a clean end of stream."""
+    """The next frame's bytes (no size prefix); None at a clean end of stream. ``max_bytes()`` is asked when
+    the size has arrived (the limit rises once the connection has authenticated)."""
     try:
         async with asyncio.timeout(first_timeout):
             head = await reader.readexactly(4)
@@ -86,8 +88,9 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int, first_timeout
     except TimeoutError:
         raise ConnectionClosed("idle", f"no request from {who} for {first_timeout:.0f}s") from None
     (size,) = _SIZE.unpack(head)
-    if size < 0 or size > max_bytes:
-        raise ConnectionClosed("oversized", f"{who} sent a frame of {size} bytes (at most {max_bytes})")
+    limit = max_bytes()
+    if size < 0 or size > limit:
+        raise ConnectionClosed("oversized", f"{who} sent a frame of {size} bytes (at most {limit})")
     try:
         async with asyncio.timeout(rest_timeout):
             return await reader.readexactly(size)
@@ -107,6 +110,8 @@ class ClientConnection:
         self.peer = str(writer.get_extra_info("peername"))
         self.slots: asyncio.Queue[Slot | None] = asyncio.Queue(self.settings.max_in_flight)
         self.upstream: FrameProtocol | None = None
+        self.auth = Authentication(server.settings.sasl_listener())
+        self.fetch_allowed: set[Any] = set()  # topic keys whose remote reads may start before the broker answers
 
     async def serve(self) -> None:
         tasks = [asyncio.create_task(self._read_requests()), asyncio.create_task(self._write_answers())]
@@ -139,7 +144,7 @@ class ClientConnection:
     async def _read_requests(self) -> None:
         s = self.settings
         while True:
-            frame = await read_frame(self.client_reader, s.max_frame_bytes, s.idle_timeout_seconds,
+            frame = await read_frame(self.client_reader, self._max_frame, s.idle_timeout_seconds,
                                      s.frame_timeout_seconds, f"client {self.peer}")  # fmt: skip
             if frame is None:
                 await self.slots.put(None)
@@ -148,9 +153,16 @@ class ClientConnection:
             if slot is not None:
                 await self.slots.put(slot)
 
+    def _max_frame(self) -> int:
+        """Kafka's sasl.server.max.receive.size until the connection has authenticated, then max_frame_bytes."""
+        s = self.settings
+        return s.max_frame_bytes if self.auth.done else min(s.max_frame_bytes, s.sasl_server_max_receive_size)
+
     async def _route(self, frame: bytes) -> Slot | None:
         api_key, version, correlation_id = peek_request(frame)
         started = time.perf_counter()
+        if not self.auth.done and can_parse(api_key, version):
+            self.auth.request(api_key, version, frame)
         await self._connect()
         if not can_parse(api_key, version):
             await self._forward(frame)
@@ -179,37 +191,38 @@ class ClientConnection:
         plan = FetchPlan.make(version, request, server.view)
         if plan.unconfirmed:
             plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
-        remote = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view) if plan.remote else None
-        if plan.upstream is not None:
-            sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
-            if plan.upstream_changed or not sessionless or plan.upstream.topics != request.topics:
-                frame = request_frame(head, frame, plan.upstream)
-            await self._forward(frame)
+        # Read ahead of the broker's answer only for topics it allowed on this connection before: a hint for
+        # speed, not a decision (``merge`` sends nothing the broker did not allow in its answer to this request).
+        speculate = bool(plan.remote) and all(part.key in self.fetch_allowed for part in plan.remote)
+        remote = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view) if speculate else None
+        sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
+        if plan.remote or not sessionless or plan.upstream.topics != request.topics:
+            frame = request_frame(head, frame, plan.upstream)
+        await self._forward(frame)
 
         async def finish(answer: bytearray | None) -> bytes | memoryview | None:
+            assert answer is not None
             if remote is not None:
                 await remote
-            if answer is None:
-                body, changed = plan.local_answer(), True
+            body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
+            if plan.unread or plan.out_of_range(body):  # remote reads, the catalog: off the event loop
+                body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
+            elif plan.remote:
+                body, changed = plan.merge(body, server.view)
             else:
-                body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
-                if plan.out_of_range(body):  # maybe served from remote: the catalog may block
-                    body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
-                elif plan.remote:
-                    body, changed = plan.merge(body, server.view)
-                else:
-                    plan.observe(body, server.view)
-                    changed = False
-                rewritten = server.router.rewrite(FETCH, body)
-                changed = changed or rewritten is not body
-                body = rewritten
+                plan.observe(body, server.view)
+                changed = False
+            self.fetch_allowed.update(plan.allowed)
+            self.fetch_allowed.difference_update(plan.denied)
+            rewritten = server.router.rewrite(FETCH, body)
+            changed = changed or rewritten is not body
+            body = rewritten
             server.count_fetch(body, plan)
             if plan.remote and plan.empty(body):
                 await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
             return response_frame(correlation_id, FETCH, version, body) if changed else None
 
-        return Slot(FETCH, version, correlation_id, started, plan.upstream is not None, finish,
-                    "remote" if plan.remote else "broker")  # fmt: skip
+        return Slot(FETCH, version, correlation_id, started, True, finish, "remote" if plan.remote else "broker")
 
     def _rewriting(self, api_key: int, version: int, correlation_id: int) -> Finish:
         async def finish(answer: bytearray | None) -> bytes | memoryview | None:
@@ -272,6 +285,8 @@ class ClientConnection:
                 if correlation_id != slot.correlation_id:
                     raise ConnectionClosed("protocol", f"the broker answered correlation id {correlation_id}, "
                                            f"expected {slot.correlation_id}")  # fmt: skip
+            if not self.auth.done and answer is not None:
+                self.auth.answered(slot.api_key, slot.version, answer)
             out = await slot.finish(answer) if slot.finish is not None else None
             if out is None:
                 assert answer is not None

@@ -1,24 +1,38 @@
 """Fetch through the proxy: partitions below the broker's log start from the remote copies, the rest from
-the broker, in one answer.
+the broker, in one answer, and never a remote byte the broker would not have sent to that client.
 
 ``FetchPlan.make`` splits a client's request: a partition whose fetch offset is below the broker's
 (cached) log start and inside the remote data is served from remote storage; the others go to the
-broker in a request that keeps everything else of the client's (a fetch offset in a hole that the
-broker's retention left between the remote end and its log start is moved to the log start: the
-records in between are gone, and Kafka clients accept batches that start after their fetch offset, as
-after compaction). When remote partitions are in the request, the broker is asked not to wait
-(``max_wait`` 0): the remote data is there now, and the answer must not sit ``max_wait`` behind the
-broker's partitions. Fetch sessions (KIP-227) are declined: every request goes to the broker as a full,
-sessionless fetch (session id 0, epoch -1), so the broker answers session id 0 and the client keeps
-sending full requests; nothing depends on session state the proxy would have to patch.
+broker as the client asked them (a fetch offset in a hole that the broker's retention left between the
+remote end and its log start is moved to the log start: the records in between are gone, and Kafka
+clients accept batches that start after their fetch offset, as after compaction).
 
-``FetchPlan.answer`` merges: the broker's partitions as it answered them, except OFFSET_OUT_OF_RANGE for
-an offset that the remote copies hold (the log start moved past it since the proxy last saw it),
-which is served from remote instead; the remote partitions with the broker's high watermark and last
-stable offset, ``log_start_offset`` = the remote start, and the aborted transactions overlapping the
-batches (read_committed), so a client filters exactly as the broker's answer makes it. A remote read
-that fails (store unreachable, a damaged object) is KAFKA_STORAGE_ERROR for that partition: retriable,
-the client fetches the same offset again; nothing is skipped.
+Every Fetch goes to the broker, the only authority on who may read what. A remote partition goes in it
+as a *probe*: the same topic (name or id) and partition, the client's current leader epoch, at the
+broker's cached high watermark with ``partition_max_bytes`` 0, so the broker authenticates the
+connection, authorises its principal for READ on the topic, checks that the topic (id) exists and that
+it leads the partition, exactly as for the client's own offset, and sends (nearly always) no records. A
+remote partition is answered from the copies only when the broker's answer for its probe is NONE or
+OFFSET_OUT_OF_RANGE (both mean the request was allowed and the partition is led there); any other error
+(TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID, NOT_LEADER_OR_FOLLOWER, ...) is the client's answer as
+the broker gave it. A connection the broker has not authenticated gets no answer at all: the broker
+closes it, and the proxy with it. The decision is the broker's answer to this very request; nothing is
+cached across requests, connections or principals (docs/design.md, "Remote reads and the broker's
+security").
+
+When remote partitions are in the request, the broker is asked not to wait (``max_wait`` 0): the remote
+data is there now, and the answer must not sit ``max_wait`` behind the broker's partitions. Fetch
+sessions (KIP-227) are declined: every request goes to the broker as a full, sessionless fetch (session id
+0, epoch -1), so the broker answers session id 0 and the client keeps sending full requests.
+
+``FetchPlan.merge`` builds the answer: the broker's partitions as it answered them, except
+OFFSET_OUT_OF_RANGE for an offset that the remote copies hold (the log start moved past it since the proxy
+last saw it), which is served from remote instead; each allowed probe replaced by the remote partition,
+with the broker's high watermark and last stable offset, ``log_start_offset`` = the remote start, and the
+aborted transactions overlapping the batches (read_committed), so a client filters exactly as the
+broker's answer makes it. A remote read that fails (store unreachable, a damaged object) is
+KAFKA_STORAGE_ERROR for that partition: retriable, the client fetches the same offset again; nothing is
+skipped.
 """
 
 from __future__ import annotations
@@ -42,16 +56,20 @@ FETCH = 1
 NO_WAIT = datetime.timedelta(0)
 
 
+_ALLOWED = (ErrorCode.none, ErrorCode.offset_out_of_range)  # a probe answered so was authorised and is led there
+
+
 @dataclass(slots=True)
 class RemotePart:
-    """One partition the proxy answers from remote storage."""
+    """One partition the proxy answers from remote storage, once the broker allowed its probe."""
 
     topic: str
     key: Any  # the topic's key in the request and answer: its name (v4-12) or id (v13+)
     partition: int
     offset: int
     max_bytes: int
-    answer: Any = None  # the PartitionData, once read
+    read: bool = False
+    answer: Any = None  # the PartitionData once read; None when the broker has the offset now
 
 
 @dataclass(slots=True)
@@ -61,10 +79,12 @@ class FetchPlan:
     max_bytes: int
     max_wait_ms: int
     remote: list[RemotePart]
-    upstream: Any | None  # the request for the broker, None when every partition is remote
+    upstream: Any  # the request for the broker: the client's partitions and a probe per remote one
     offsets: dict[tuple[Any, int], tuple[str, int, int]] = field(default_factory=dict)  # (key, p) -> name, offset, max
     unconfirmed: bool = False  # a partition may be in a hole: make it again with confirm_holes (blocking)
-    served_remote: set[tuple[Any, int]] = field(default_factory=set)  # (key, p) the broker sent out of range
+    served_remote: set[tuple[Any, int]] = field(default_factory=set)  # (key, p) answered from the remote copies
+    allowed: set[Any] = field(default_factory=set)  # topic keys the broker allowed in its answer to this request
+    denied: set[Any] = field(default_factory=set)  # topic keys whose probe the broker refused
 
     @classmethod
     def make(cls, version: int, request: Any, view: TieredView, confirm_holes: bool = False) -> FetchPlan:
@@ -85,6 +105,7 @@ class FetchPlan:
                     offsets[(key, int(p.partition))] = (name, offset, int(p.partition_max_bytes))
                     if view.routes_remote(name, int(p.partition), offset):
                         remote.append(RemotePart(name, key, int(p.partition), offset, int(p.partition_max_bytes)))
+                        keep.append(_probe(p, view.probe_offset(name, int(p.partition))))
                         continue
                     if view.maybe_hole(name, int(p.partition), offset):
                         if not confirm_holes:
@@ -99,22 +120,28 @@ class FetchPlan:
             changes.update(session_id=i32(0), session_epoch=i32(-1), forgotten_topics_data=())
         if remote:
             changes["max_wait"] = NO_WAIT
-        upstream = dataclasses.replace(request, topics=tuple(topics), **changes) if topics else None
+        upstream = dataclasses.replace(request, topics=tuple(topics), **changes)
         return cls(version, int(request.isolation_level) == 1, int(request.max_bytes),
                    int(request.max_wait.total_seconds() * 1000), remote, upstream, offsets, unconfirmed)  # fmt: skip
 
-    @property
-    def upstream_changed(self) -> bool:
-        return bool(self.remote) or self.upstream is None
-
     # -- remote reads (blocking: run off the event loop) ------------------------------------------
-    def read_remote(self, view: TieredView) -> None:
-        budget = self.max_bytes
-        for part in self.remote:
+    def read_remote(self, view: TieredView, parts: list[RemotePart] | None = None) -> None:
+        """Read the remote partitions (``parts``, else all) not read yet, within the request's ``max_bytes``.
+        A read before the broker answered is *speculative*: ``merge`` sends only what the broker allowed."""
+        budget = self.max_bytes - sum(len(p.answer.records or b"") for p in self.remote if p.answer is not None)
+        for part in self.remote if parts is None else parts:
+            if part.read:
+                continue
             part.answer = self._partition(view, part.topic, part.partition, part.offset,
                                           min(part.max_bytes, max(budget, 1)))  # fmt: skip
-            records = part.answer.records
-            budget -= len(records) if records else 0
+            part.read = True
+            if part.answer is not None and part.answer.records:
+                budget -= len(part.answer.records)
+
+    @property
+    def unread(self) -> bool:
+        """Remote partitions are still to be read (``merge`` would block: run it off the event loop)."""
+        return any(not part.read for part in self.remote)
 
     def _partition(self, view: TieredView, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
         data_type = _types(self.version)[2]
@@ -147,12 +174,6 @@ class FetchPlan:
         )  # fmt: skip
 
     # -- the answer ------------------------------------------------------------------------------
-    def local_answer(self) -> Any:
-        """The whole answer from remote reads only (no broker partition in the request)."""
-        response, topic_type, _, _ = _types(self.version)
-        return build(response, throttle_time=NO_WAIT, error_code=ErrorCode.none, session_id=i32(0),
-                     responses=self._remote_topics(topic_type), node_endpoints=())  # fmt: skip
-
     def out_of_range(self, broker: Any) -> bool:
         """The broker answered OFFSET_OUT_OF_RANGE for a partition of a known topic (the remote copies may
         hold it: ``merge`` then blocks on the catalog, run it off the event loop)."""
@@ -165,35 +186,58 @@ class FetchPlan:
             for p in t.partitions:
                 name = self.offsets.get((key, int(p.partition_index)), (None, -1, 0))[0]
                 if name is not None and p.error_code == ErrorCode.none:
-                    view.observe(name, int(p.partition_index), int(getattr(p, "log_start_offset", -1)),
-                                 int(p.high_watermark), int(p.last_stable_offset))  # fmt: skip
+                    _observe(view, name, p)
 
     def merge(self, broker: Any, view: TieredView) -> tuple[Any, bool]:
-        """The broker's answer with the remote partitions added and OFFSET_OUT_OF_RANGE partitions the
-        remote copies hold answered from them; learns the broker's offsets. Returns (answer, changed)."""
-        _, topic_type, _, _ = _types(self.version)
-        changed = bool(self.remote)
+        """The broker's answer with each probe the broker allowed replaced by its remote partition (read now
+        if it was not read ahead), every refused probe left as the broker's error, and OFFSET_OUT_OF_RANGE
+        partitions the remote copies hold answered from them; learns the broker's offsets. Blocks when
+        ``unread`` or ``out_of_range``. Returns (answer, changed)."""
+        probes = {(part.key, part.partition): part for part in self.remote}
+        if broker.error_code != ErrorCode.none:  # the whole request refused: nothing remote goes out
+            self.denied.update(key for key, _ in probes)
+            return broker, False
+        allowed = []
+        for t in broker.responses:
+            key = t.topic_id if self.version >= 13 else t.topic
+            for p in t.partitions:
+                part = probes.get((key, int(p.partition_index)))
+                if part is not None:
+                    (self.allowed if p.error_code in _ALLOWED else self.denied).add(key)
+                    if p.error_code in _ALLOWED:
+                        allowed.append(part)
+        self.read_remote(view, allowed)
+        changed = bool(probes)
         responses = []
         for t in broker.responses:
             key = t.topic_id if self.version >= 13 else t.topic
             parts = []
             for p in t.partitions:
-                name, offset, max_bytes = self.offsets.get((key, int(p.partition_index)), (None, -1, 0))
+                index = int(p.partition_index)
+                part = probes.get((key, index))
+                if part is not None:
+                    if p.error_code not in _ALLOWED:
+                        parts.append(p)  # the broker's refusal is the answer
+                        continue
+                    if p.error_code == ErrorCode.none:
+                        _observe(view, part.topic, p)
+                    if part.answer is not None:  # None: the broker has the offset now, the client asks again
+                        parts.append(part.answer)
+                        self.served_remote.add((key, index))
+                    continue
+                name, offset, max_bytes = self.offsets.get((key, index), (None, -1, 0))
                 if name is None:
                     parts.append(p)
                     continue
                 if p.error_code == ErrorCode.none:
-                    view.observe(name, int(p.partition_index), int(getattr(p, "log_start_offset", -1)),
-                                 int(p.high_watermark), int(p.last_stable_offset))  # fmt: skip
+                    _observe(view, name, p)
                 elif p.error_code == ErrorCode.offset_out_of_range:
-                    served = self._out_of_range(view, name, int(p.partition_index), offset, max_bytes)
+                    served = self._out_of_range(view, name, index, offset, max_bytes)
                     if served is not None:
                         p, changed = served, True
-                        self.served_remote.add((key, int(p.partition_index)))
+                        self.served_remote.add((key, index))
                 parts.append(p)
             responses.append(dataclasses.replace(t, partitions=tuple(parts)))
-        if self.remote:
-            responses += self._remote_topics(topic_type)
         return dataclasses.replace(broker, responses=tuple(responses)), changed
 
     def _out_of_range(self, view: TieredView, topic: str, partition: int, offset: int, max_bytes: int) -> Any | None:
@@ -208,16 +252,22 @@ class FetchPlan:
             log.warning("asking the broker's offsets failed", topic=topic, partition=partition, error=str(exc))
         return self._partition(view, topic, partition, offset, min(max_bytes, self.max_bytes))
 
-    def _remote_topics(self, topic_type: type) -> list[Any]:
-        grouped: dict[Any, list[Any]] = {}
-        for part in self.remote:
-            if part.answer is not None:
-                grouped.setdefault(part.key, []).append(part.answer)
-        key_field = "topic_id" if self.version >= 13 else "topic"
-        return [build(topic_type, **{key_field: key}, partitions=tuple(parts)) for key, parts in grouped.items()]
-
     def empty(self, answer: Any) -> bool:
         return not any(p.records or p.error_code != ErrorCode.none for t in answer.responses for p in t.partitions)
+
+
+def _probe(p: Any, offset: int) -> Any:
+    """A remote partition as the broker is asked it: the same topic, partition and current leader epoch, at
+    ``offset`` (the broker's cached high watermark, where it has nothing to send) with no room for records."""
+    changes: dict[str, Any] = {"fetch_offset": i64(offset), "partition_max_bytes": i32(0)}
+    if hasattr(p, "last_fetched_epoch"):
+        changes["last_fetched_epoch"] = i32(-1)  # no divergence check against an offset the client did not ask
+    return dataclasses.replace(p, **changes)
+
+
+def _observe(view: TieredView, topic: str, p: Any) -> None:
+    view.observe(topic, int(p.partition_index), int(getattr(p, "log_start_offset", -1)), int(p.high_watermark),
+                 int(p.last_stable_offset))  # fmt: skip
 
 
 def _error(data_type: type, partition: int, code: ErrorCode) -> Any:

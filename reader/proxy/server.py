@@ -93,8 +93,22 @@ class ProxyServer:
         await self.ensure_listeners(sorted(nodes))
         if p.metrics_port is not None:
             self._metrics_server = start_http_server(p.metrics_port, p.host, registry=self.metrics.registry)
+        self._warn_tls_identities()
         log.info("proxy listening", bootstrap=f"{p.advertised}:{self.bootstrap_port}",
                  brokers={n: self.router.port_for(n) for n in sorted(nodes)})  # fmt: skip
+
+    def _warn_tls_identities(self) -> None:
+        """A TLS client identity cannot pass through a proxy (as Kroxylicious says too): say so at start."""
+        cert = self.settings.client_certificate()
+        if cert is not None:
+            log.warning("the brokers see the proxy's client certificate on every connection it forwards, so TLS "
+                        "clients all get its principal and ACLs; clients keep their own principal with SASL, which "
+                        "passes through", certificate=cert)  # fmt: skip
+        tls = self.settings.proxy.tls
+        if tls is not None and tls.client_auth != "none":
+            log.warning("client certificates are checked by the proxy but their identity does not reach the "
+                        "brokers: authorisation is by the principal each client logs in as with SASL",
+                        client_auth=tls.client_auth)  # fmt: skip
 
     @property
     def bootstrap_port(self) -> int:
@@ -205,7 +219,7 @@ class ProxyServer:
         raise UpstreamUnavailable(f"no broker reachable for node {node}: {'; '.join(errors)}")
 
     def count_fetch(self, answer: Any, plan: FetchPlan) -> None:
-        remote_keys = {(part.key, part.partition) for part in plan.remote} | plan.served_remote
+        remote_keys = plan.served_remote
         key_field = "topic_id" if plan.version >= 13 else "topic"
         for t in answer.responses:
             for p in t.partitions:

@@ -91,6 +91,13 @@ class TieredView:
             found = self._offsets.get((topic, partition))
         return None if found is None else found.log_start
 
+    def probe_offset(self, topic: str, partition: int) -> int:
+        """Where the broker is asked about a partition served from remote (``fetch.py``'s probe): its cached
+        high watermark, where it has no record to send; the broker authorises a fetch whatever its offset."""
+        with self._lock:
+            found = self._offsets.get((topic, partition))
+        return found.high_watermark if found is not None else 0
+
     def broker_offsets(self, topic: str, partition: int, *, fresh: bool = False) -> BrokerOffsets:
         """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now.
         Raises KafkaClusterError."""

@@ -112,10 +112,13 @@ def test_response_frame_has_its_size_and_header() -> None:
 
 
 class FakeView:
-    """Partition 0 of ``t`` is below its log start (100) with remote data 0..150; partition 1 is not."""
+    """Partition 0 of ``t`` is below its log start (100) with remote data 0..150 and a cached high watermark
+    of 160; partition 1 is not. ``read`` serves one batch of 10 bytes and records what it read."""
 
     def __init__(self, hole: bool = False) -> None:
         self.hole = hole
+        self.reads: list[tuple[int, int]] = []
+        self.observed: list[tuple[int, int]] = []
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         return "t"
@@ -128,6 +131,26 @@ class FakeView:
 
     def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
         return 100 if self.hole and partition == 0 else None
+
+    def probe_offset(self, topic: str, partition: int) -> int:
+        return 160
+
+    def broker_offsets(self, topic: str, partition: int, fresh: bool = False) -> Any:
+        from reader.proxy.tiered import BrokerOffsets
+
+        return BrokerOffsets(100, 160, 160, 0.0)
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> Any:
+        from reader.proxy.remote_batches import ServedBatches
+
+        self.reads.append((partition, offset))
+        return ServedBatches(b"r" * 10, [], offset + 1)
+
+    def remote_range(self, topic: str, partition: int, current: bool = False) -> tuple[int, int]:
+        return (0, 150)
+
+    def observe(self, topic: str, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
+        self.observed.append((partition, log_start))
 
 
 def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int] = (5, 3)) -> Any:
@@ -144,23 +167,88 @@ def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int
 
 
 @pytest.mark.parametrize("version", [4, 11, 13, 17])
-def test_fetch_split_sends_the_broker_a_sessionless_request_without_the_remote_partitions(version: int) -> None:
+def test_fetch_split_asks_the_broker_a_sessionless_request_with_a_probe_for_each_remote_partition(version: int) -> None:
+    """The remote partition goes to the broker too, at its cached high watermark with no room for records: the
+    broker decides whether this client may read it."""
     plan = FetchPlan.make(version, fetch_request(version, {0: 50, 1: 7}), FakeView())  # type: ignore[arg-type]
     assert [(p.partition, p.offset) for p in plan.remote] == [(0, 50)]
-    assert plan.read_committed and plan.upstream is not None
-    sent = [(int(p.partition), int(p.fetch_offset)) for t in plan.upstream.topics for p in t.partitions]
-    assert sent == [(1, 7)]
+    assert plan.read_committed
+    sent = [(int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes))
+            for t in plan.upstream.topics for p in t.partitions]  # fmt: skip
+    assert sent == [(0, 160, 0), (1, 7, 1 << 20)]
     assert plan.upstream.max_wait == datetime.timedelta(0)  # the remote data is there now: the broker must not wait
     if version >= 7:
         assert (plan.upstream.session_id, plan.upstream.session_epoch) == (0, -1)
 
 
-def test_fetch_all_remote_needs_no_broker_request_and_holes_move_to_the_log_start() -> None:
-    assert FetchPlan.make(17, fetch_request(17, {0: 10}), FakeView()).upstream is None  # type: ignore[arg-type]
+def test_fetch_all_remote_still_asks_the_broker_and_holes_move_to_the_log_start() -> None:
+    plan = FetchPlan.make(17, fetch_request(17, {0: 10}), FakeView())  # type: ignore[arg-type]
+    assert [(int(p.fetch_offset), int(p.partition_max_bytes)) for t in plan.upstream.topics
+            for p in t.partitions] == [(160, 0)]  # fmt: skip
     quick = FetchPlan.make(17, fetch_request(17, {0: 120}), FakeView(hole=True))  # type: ignore[arg-type]
     assert quick.unconfirmed
     confirmed = FetchPlan.make(17, fetch_request(17, {0: 120}), FakeView(hole=True), True)  # type: ignore[arg-type]
     assert [int(p.fetch_offset) for t in confirmed.upstream.topics for p in t.partitions] == [100]
+
+
+def broker_answer(version: int, key: Any, codes: dict[int, ErrorCode], top: ErrorCode = ErrorCode.none) -> Any:
+    """The broker's Fetch answer: each partition with its error code (records only where none: a batch the
+    probe was not meant to get)."""
+    response = response_type(1, version)
+    topic_type = nested(response, "responses")
+    data_type = nested(topic_type, "partitions")
+    parts = tuple(build(data_type, partition_index=i32(p), error_code=code, high_watermark=i64(160),
+                        last_stable_offset=i64(160), log_start_offset=i64(100), aborted_transactions=None,
+                        preferred_read_replica=i32(-1), records=b"b" * 7 if code == ErrorCode.none else None)
+                  for p, code in codes.items())  # fmt: skip
+    topics = (build(topic_type, topic="t", topic_id=key, partitions=parts),)
+    return build(response, throttle_time=datetime.timedelta(0), error_code=top, session_id=i32(0), responses=topics,
+                 node_endpoints=())  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [12, 13])
+@pytest.mark.parametrize(
+    "code", [ErrorCode.topic_authorization_failed, ErrorCode.unknown_topic_id, ErrorCode.not_leader_or_follower]
+)
+def test_a_probe_the_broker_refuses_is_answered_with_its_refusal_and_nothing_is_read(
+    version: int, code: ErrorCode
+) -> None:
+    view = FakeView()
+    request = fetch_request(version, {0: 50, 1: 7})
+    plan = FetchPlan.make(version, request, view)  # type: ignore[arg-type]
+    key = request.topics[0].topic_id if version >= 13 else "t"
+    merged, _ = plan.merge(broker_answer(version, key, {0: code, 1: code}), view)  # type: ignore[arg-type]
+    parts = {int(p.partition_index): p for t in merged.responses for p in t.partitions}
+    assert parts[0].error_code == code and not parts[0].records
+    assert view.reads == [] and not plan.served_remote and plan.denied == {key}
+
+
+def test_a_refused_request_sends_no_speculative_read() -> None:
+    """Data read ahead of the broker's answer goes out only where that answer allows it."""
+    view = FakeView()
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50}), view)  # type: ignore[arg-type]
+    plan.read_remote(view)  # type: ignore[arg-type]
+    merged, _ = plan.merge(broker_answer(12, "t", {0: ErrorCode.topic_authorization_failed}), view)  # type: ignore[arg-type]
+    assert [(int(p.error_code), p.records) for t in merged.responses for p in t.partitions] == [(29, None)]
+    whole = broker_answer(12, "t", {}, top=ErrorCode.unknown_server_error)
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50}), view)  # type: ignore[arg-type]
+    plan.read_remote(view)  # type: ignore[arg-type]
+    assert plan.merge(whole, view)[0] is whole  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("code", [ErrorCode.none, ErrorCode.offset_out_of_range])
+def test_a_probe_the_broker_allows_is_answered_from_remote(code: ErrorCode) -> None:
+    """NONE or OFFSET_OUT_OF_RANGE for the probe: authorised and led there. The probe's own records (the high
+    watermark moved) never go out; the remote batch does, with the broker's offsets learned."""
+    view = FakeView()
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}), view)  # type: ignore[arg-type]
+    merged, changed = plan.merge(broker_answer(12, "t", {0: code, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
+    parts = {int(p.partition_index): p for t in merged.responses for p in t.partitions}
+    assert changed and view.reads == [(0, 50)]
+    assert parts[0].error_code == ErrorCode.none and parts[0].records == b"r" * 10
+    assert parts[1].records == b"b" * 7
+    assert plan.allowed == {"t"} and plan.served_remote == {("t", 0)}
+    assert (0, 100) in view.observed if code == ErrorCode.none else (1, 100) in view.observed
 
 
 class _Copy:

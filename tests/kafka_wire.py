@@ -1,0 +1,112 @@
+"""A Kafka-protocol client on a plain socket, for tests that must see exactly what a server answers: no
+client library in between to hide an error, retry, or refuse to send a request before it logged in.
+Requests and answers are ``kio`` entities (the schemas the access layer itself uses)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import struct
+import uuid
+from typing import Any
+
+from kio.static.primitive import i8, i32, i64
+
+from reader.proxy.protocol import build, encode, nested, parse, request_type, response_body_start, response_type
+
+FETCH, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 17, 36
+_SIZE = struct.Struct(">i")
+
+
+class RawKafka:
+    """One connection; ``request`` returns the parsed answer, or None when the server closed the connection."""
+
+    def __init__(self, address: str, timeout: float = 30) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout)
+        self.correlation = 0
+        self.received = 0  # bytes of answers read, size prefixes included
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawKafka:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, api_key: int, version: int, **fields: Any) -> Any | None:
+        request = request_type(api_key, version)
+        self.correlation += 1
+        client_id = b"raw-test"
+        head = struct.pack(">hhih", api_key, version, self.correlation, len(client_id)) + client_id
+        if request.__flexible__:
+            head += b"\x00"
+        frame = head + encode(build(request, **fields))
+        try:
+            self.sock.sendall(_SIZE.pack(len(frame)) + frame)
+            answer = self._frame()
+        except (ConnectionError, OSError):
+            return None
+        if answer is None:
+            return None
+        assert _SIZE.unpack_from(answer, 0)[0] == self.correlation, "answer to another request"
+        return parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
+
+    def _frame(self) -> bytes | None:
+        head = self._exactly(4)
+        if head is None:
+            return None
+        (size,) = _SIZE.unpack(head)
+        return self._exactly(size)
+
+    def _exactly(self, n: int) -> bytes | None:
+        chunks, got = [], 0
+        while got < n:
+            chunk = self.sock.recv(min(n - got, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            got += len(chunk)
+            self.received += len(chunk)
+        return b"".join(chunks)
+
+    def sasl_plain(self, user: str, password: str) -> int:
+        """SaslHandshake v1 and SaslAuthenticate v2 with PLAIN; the broker's error code (0: logged in)."""
+        shake = self.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")
+        assert shake is not None and shake.error_code == 0, shake
+        token = b"\0" + user.encode() + b"\0" + password.encode()
+        answer = self.request(SASL_AUTHENTICATE, 2, auth_bytes=token)
+        return -1 if answer is None else int(answer.error_code)
+
+    def fetch(self, version: int, topic: str, topic_id: uuid.UUID, partition: int, offset: int,
+              max_bytes: int = 1 << 20) -> Any | None:  # fmt: skip
+        """One sessionless Fetch of one partition (by name up to v12, by id from v13)."""
+        request = request_type(FETCH, version)
+        topic_type = nested(request, "topics")
+        part_type = nested(topic_type, "partitions")
+        part = build(
+            part_type,
+            partition=i32(partition),
+            current_leader_epoch=i32(-1),
+            fetch_offset=i64(offset),
+            last_fetched_epoch=i32(-1),
+            log_start_offset=i64(-1),
+            partition_max_bytes=i32(max_bytes),
+        )
+        return self.request(
+            FETCH, version, replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=100), min_bytes=i32(1),
+            max_bytes=i32(max_bytes), isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1),
+            topics=(build(topic_type, topic=topic, topic_id=topic_id, partitions=(part,)),),
+            forgotten_topics_data=(), rack_id="",
+        )  # fmt: skip
+
+
+def record_bytes(answer: Any) -> int:
+    """Bytes of record batches in a Fetch answer, over every partition."""
+    return sum(len(p.records or b"") for t in answer.responses for p in t.partitions)
+
+
+def partition_errors(answer: Any) -> list[int]:
+    return [int(p.error_code) for t in answer.responses for p in t.partitions]
