@@ -6,7 +6,11 @@ but only the WAL partitions that the watched topics hash to (``MetadataWal.parti
 start-up costs what those topics cost. It never creates the WAL topic, never writes and never takes
 snapshots (``MetadataManager(read_only=True)``).
 
-Topic ids come from the Kafka cluster (the live incarnation of the name), else from the metadata.
+Topic ids come from the Kafka cluster (the live incarnation of the name), else from the metadata. The
+questions about a topic take its name and, optionally, the id of the incarnation meant (``topic_id``,
+Kafka's base64 form): a reader that knows the id (the access layer, from the client's request or the
+cluster) asks by it, so a topic deleted and created again under its name is never answered with the other
+incarnation's copies.
 Offsets are inclusive. Where copies overlap (after a leader change) the choice is the metadata's own
 ``segment_for_offset``: the copy of the higher leader epoch, then the later one; every reader makes
 the same choice.
@@ -111,17 +115,21 @@ class MetadataCatalog:
         self.close()
 
     def watch(self, topics: Iterable[str]) -> None:
-        """Make sure the metadata of these topics is recovered and followed (cheap when it already is)."""
-        new = set(topics) - self._watched
-        if not new or self._all or self.absent:
+        """Make sure the metadata of these topics' live incarnations is recovered and followed. Each topic's id
+        is confirmed with the cluster (``live_topic``): a topic deleted and created again under its name is
+        another topic, whose id hashes to other WAL partitions, and no read may go to the deleted one's copies."""
+        names = set(topics)
+        if self.absent:
             return
-        self._watched |= new
-        self.manager.follow_more(self._wal_partitions(new))
+        wanted = self._wal_partitions(names, live=True)
+        self._watched |= names
+        if not self._all:
+            self.manager.follow_more(wanted)
 
-    def _wal_partitions(self, topics: Iterable[str]) -> set[int]:
+    def _wal_partitions(self, topics: Iterable[str], *, live: bool = False) -> set[int]:
         wanted: set[int] = set()
         for name in topics:
-            info = self.topic_info(name)
+            info = self.live_topic(name) if live else self.topic_info(name)
             tid = topic_id_bytes(info.topic_id)
             wanted.add(self.wal.partition_of(tid, None))
             wanted.update(self.wal.partition_of(tid, p.partition) for p in info.partitions)
@@ -133,20 +141,41 @@ class MetadataCatalog:
             self.manager.catch_up(timeout)
 
     # -- topics -------------------------------------------------------------------------------
-    def topic_info(self, topic: str) -> TopicInfo:
-        """The topic as the Kafka cluster describes it now (id, partitions). Raises UnknownTopic."""
+    def topic_info(self, topic: str, *, fresh: bool = False) -> TopicInfo:
+        """The topic as the Kafka cluster describes it (id, partitions), cached; ``fresh``: described now,
+        replacing the cached incarnation (dropped when the cluster has no such topic). Raises UnknownTopic."""
         with self._lock:
-            info = self._infos.get(topic)
+            info = None if fresh else self._infos.get(topic)
         if info is None:
             try:
                 info = self.cluster.topics([topic])[topic]
             except KafkaClusterError as exc:
+                self.forget(topic)
                 raise UnknownTopic(
                     f"topic {topic!r} is unknown to the cluster at {self.cluster.bootstrap}: {exc}"
                 ) from exc
             with self._lock:
                 self._infos[topic] = info
         return info
+
+    def live_topic(self, topic: str) -> TopicInfo:
+        """``topic_info`` with the cached id confirmed by the cluster now (one Metadata request): a topic
+        deleted since, or deleted and created again under its name (another id), is described afresh.
+        Raises UnknownTopic."""
+        try:
+            live = self.cluster.topic_ids([topic])
+        except KafkaClusterError:
+            live = {}
+        with self._lock:
+            cached = self._infos.get(topic)
+        if cached is not None and topic in live and live[topic] == cached.topic_id:
+            return cached
+        return self.topic_info(topic, fresh=True)
+
+    def forget(self, topic: str) -> None:
+        """Drop the cached description of the topic (its incarnation is not the live one any more)."""
+        with self._lock:
+            self._infos.pop(topic, None)
 
     def topic_id(self, topic: str) -> str:
         """Kafka's id of the live topic with this name; for a deleted topic, the newest one in the metadata."""
@@ -174,9 +203,9 @@ class MetadataCatalog:
         starts = {n: offset for n, offset in sorted(found.items()) if offset >= 0}
         return {topic_id: starts} if starts else {}
 
-    def tiering(self, topic: str) -> TopicTiering | None:
+    def tiering(self, topic: str, topic_id: str | None = None) -> TopicTiering | None:
         """The topic's tiering state (enabled, download paused...), None if it was never tiered."""
-        return self.manager.tiering(self.topic_id(topic))
+        return self.manager.tiering(topic_id or self.topic_id(topic))
 
     def topic_name(self, topic_id: bytes) -> str | None:
         """The name of the topic with this id (16 raw bytes) in the tiering metadata, None if unknown."""
@@ -189,33 +218,34 @@ class MetadataCatalog:
         with self.manager.lock:
             return {name for name, _ in self.manager.state.topics.values()}
 
-    def download_paused(self, topic: str) -> bool:
+    def download_paused(self, topic: str, topic_id: str | None = None) -> bool:
         """``tiering topic pause-download`` is in force for the topic."""
-        tiering = self.tiering(topic)
+        tiering = self.tiering(topic, topic_id)
         return tiering is not None and tiering.download_paused
 
     # -- segments -----------------------------------------------------------------------------
-    def copies(self, topic: str, partition: int) -> list[RemoteSegment]:
+    def copies(self, topic: str, partition: int, topic_id: str | None = None) -> list[RemoteSegment]:
         """The partition's COPY_SEGMENT_FINISHED copies in base-offset order (overlaps included)."""
-        return self.manager.segments(self.topic_id(topic), partition, _FINISHED)
+        return self.manager.segments(topic_id or self.topic_id(topic), partition, _FINISHED)
 
-    def copy_for_offset(self, topic: str, partition: int, offset: int) -> RemoteSegment | None:
+    def copy_for_offset(
+        self, topic: str, partition: int, offset: int, topic_id: str | None = None
+    ) -> RemoteSegment | None:
         """The finished copy holding ``offset`` (deterministic among overlapping copies), or None."""
-        return self.manager.segment_for_offset(self.topic_id(topic), partition, offset)
+        return self.manager.segment_for_offset(topic_id or self.topic_id(topic), partition, offset)
 
-    def remote_offsets(self, topic: str, partition: int) -> tuple[int | None, int | None]:
+    def remote_offsets(self, topic: str, partition: int, topic_id: str | None = None) -> tuple[int | None, int | None]:
         """(Rx, Ry): remote start and end offsets (inclusive), (None, None) while nothing is remote.
 
         Rx is never below the log start offset a user set with ``delete_records`` (as the sidecar recorded
         it): the records below are deleted for every reader, as in the broker, even while a copy that
         straddles that offset still holds them. Rx may then exceed Ry: nothing remote is readable."""
-        state = self.manager.partition_state(self.topic_id(topic), partition)
+        state = self.manager.partition_state(topic_id or self.topic_id(topic), partition)
         if state is None or state.remote_start_offset is None:
             return None, None
         return max(state.remote_start_offset, state.log_starts.log_start), state.remote_end_offset
 
-    def ref(self, topic: str, partition: int, segment: RemoteSegment) -> SegmentRef:
+    def ref(self, topic: str, partition: int, segment: RemoteSegment, topic_id: str | None = None) -> SegmentRef:
         """The object keys' identity of a copy."""
-        return SegmentRef(
-            topic, self.topic_id(topic), partition, segment.base_offset, uuid.UUID(bytes=segment.segment_id)
-        )
+        return SegmentRef(topic, topic_id or self.topic_id(topic), partition, segment.base_offset,
+                          uuid.UUID(bytes=segment.segment_id))  # fmt: skip

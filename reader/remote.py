@@ -88,19 +88,21 @@ class RemoteReader:
         self.close()
 
     # -- locating -------------------------------------------------------------------------------
-    def locate(self, topic: str, partition: int, offset: int) -> SegmentCopy:
+    def locate(self, topic: str, partition: int, offset: int, topic_id: str | None = None) -> SegmentCopy:
         """The finished copy holding ``offset``, with its indexes; where copies leave a hole, the next copy
-        above ``offset`` (the records in between are gone, as in the broker's log).
+        above ``offset`` (the records in between are gone, as in the broker's log). ``topic_id``: of that
+        incarnation of the topic (else the one the catalog has for the name).
 
         Raises OffsetOutOfRange below the remote start, NotInRemote above the remote end; before concluding
         either, waits until the metadata WAL's current records are applied.
         """
         for attempt in (0, 1):
-            rx, ry = self.catalog.remote_offsets(topic, partition)
+            rx, ry = self.catalog.remote_offsets(topic, partition, topic_id)
             below = rx is not None and offset < rx  # also inside a copy, below a user's delete_records
-            found = None if below else self.catalog.copy_for_offset(topic, partition, offset)
+            found = None if below else self.catalog.copy_for_offset(topic, partition, offset, topic_id)
             if found is None and not below:
-                found = next((c for c in self.catalog.copies(topic, partition) if c.base_offset > offset), None)
+                copies = self.catalog.copies(topic, partition, topic_id)
+                found = next((c for c in copies if c.base_offset > offset), None)
                 if found is not None:
                     log.warning("offsets without a remote copy skipped", topic=topic, partition=partition,
                                 offset=offset, next_copy=found.base_offset)  # fmt: skip
@@ -111,14 +113,15 @@ class RemoteReader:
                 if below:
                     raise OffsetOutOfRange(topic, partition, offset, rx, None)
                 raise NotInRemote(topic, partition, offset, ry)
-            return self.indexes.get(self.catalog.ref(topic, partition, found))
+            return self.indexes.get(self.catalog.ref(topic, partition, found, topic_id))
         raise AssertionError("unreachable")
 
     def next_copy(self, copy: SegmentCopy) -> SegmentCopy | None:
-        """The copy a sequential reader continues with after ``copy`` (None when ``copy`` is the last)."""
+        """The copy a sequential reader continues with after ``copy`` (None when ``copy`` is the last), of
+        the same incarnation of the topic."""
         ref = copy.ref
         try:
-            return self.locate(ref.topic, ref.partition, copy.end_offset + 1)
+            return self.locate(ref.topic, ref.partition, copy.end_offset + 1, ref.topic_id)
         except (NotInRemote, OffsetOutOfRange):
             return None
 
@@ -155,11 +158,13 @@ class RemoteReader:
         cache = self.fetcher.cache
         return cache is not None and cache.contains(copy.log_key, start, _last_byte(copy, end))
 
-    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> RemoteFetch:
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int, topic_id: str | None = None
+    ) -> RemoteFetch:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` of them (at least one batch,
         as Kafka's fetch). Raises OffsetOutOfRange, NotInRemote, RemoteObjectMissing, RemoteDataCorrupt,
         RemoteUnavailable."""
-        copy = self.locate(topic, partition, offset)
+        copy = self.locate(topic, partition, offset, topic_id)
         position = copy.position_for(offset)
         while True:  # the index is sparse: batches below ``offset`` before the one holding it are skipped
             data, headers = self._whole_batches(copy, position, max(max_bytes, 64))
@@ -204,9 +209,9 @@ class RemoteReader:
         except RemoteObjectMissing:
             ref = copy.ref
             self.catalog.catch_up()
-            still = self.catalog.copy_for_offset(ref.topic, ref.partition, copy.base_offset)
+            still = self.catalog.copy_for_offset(ref.topic, ref.partition, copy.base_offset, ref.topic_id)
             if still is None or still.segment_id != ref.segment_id.bytes:
-                rx, _ = self.catalog.remote_offsets(ref.topic, ref.partition)
+                rx, _ = self.catalog.remote_offsets(ref.topic, ref.partition, ref.topic_id)
                 raise OffsetOutOfRange(ref.topic, ref.partition, copy.base_offset, rx, None) from None
             raise
 

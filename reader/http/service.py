@@ -82,17 +82,20 @@ class FetchService:
         self.reader.close()
 
     # -- partitions ------------------------------------------------------------------------------
-    def check_partition(self, topic: str, partition: int) -> None:
-        """Raises UnknownTopic when the cluster has no such topic or the topic no such partition."""
-        info = self.catalog.topic_info(topic)
+    def check_partition(self, topic: str, partition: int) -> str:
+        """The id of the topic's live incarnation, confirmed with the cluster for this request (a topic
+        deleted and created again under its name is another topic: its copies are not the deleted one's).
+        Raises UnknownTopic when the cluster has no such topic or the topic no such partition."""
+        info = self.catalog.live_topic(topic)
         if not any(p.partition == partition for p in info.partitions):
             raise UnknownTopic(f"topic {topic!r} has no partition {partition} (it has {len(info.partitions)})")
+        return info.topic_id
 
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         """Remote start/end from the metadata, the broker's log start/end from ListOffsets (None if the
         broker does not answer: the remote part is served anyway)."""
-        self.check_partition(topic, partition)
-        rx, ry = self.catalog.remote_offsets(topic, partition)
+        topic_id = self.check_partition(topic, partition)
+        rx, ry = self.catalog.remote_offsets(topic, partition, topic_id)
         lx, lz = self.broker_offsets(topic, partition)
         return PartitionOffsets(topic, partition, rx, ry, lx, lz)
 
@@ -111,12 +114,12 @@ class FetchService:
         Raises UnknownTopic, DownloadPaused, OffsetOutOfRange (below the remote start), NotInRemote (above
         the remote end: the broker serves it), RemoteObjectMissing, RemoteDataCorrupt, RemoteUnavailable.
         """
-        self.check_partition(topic, partition)
-        if self.catalog.download_paused(topic):
+        topic_id = self.check_partition(topic, partition)
+        if self.catalog.download_paused(topic, topic_id):
             raise DownloadPaused(topic)
         started = time.monotonic()
         try:
-            fetched = self.reader.fetch(topic, partition, offset, max_bytes)
+            fetched = self.reader.fetch(topic, partition, offset, max_bytes, topic_id)
         except (OffsetOutOfRange, NotInRemote):
             raise
         except RemoteReadError as exc:
@@ -124,7 +127,7 @@ class FetchService:
             log.error("remote fetch failed", topic=topic, partition=partition, offset=offset, error=str(exc))
             raise
         self.metrics.fetched(topic, partition, len(fetched.data), time.monotonic() - started)
-        rx, ry = self.catalog.remote_offsets(topic, partition)
+        rx, ry = self.catalog.remote_offsets(topic, partition, topic_id)
         if isolation == "read_committed":
             data, headers, next_offset, lso = self._committed(fetched, offset)
         else:

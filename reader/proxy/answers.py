@@ -2,7 +2,8 @@
 
 Each function takes the broker's parsed answer (and the client's request where the answer depends on
 it) and returns the answer a client must see. Only partitions with remote data change; every other
-field is the broker's.
+field is the broker's. Both requests name topics (no ids), so the copies answered from are those of the
+name's live incarnation, asked of the cluster for the answer (never a deleted topic's of the same name).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from kio.static.primitive import i16, i32, i64
 
 from reader.errors import RemoteReadError
 from reader.proxy.protocol import supported_versions
-from reader.proxy.tiered import TieredView
+from reader.proxy.tiered import TieredView, TopicKey
 from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.logs import get_logger
 
@@ -49,21 +50,25 @@ def list_offsets(request: Any, answer: Any, view: TieredView) -> Any:
     """EARLIEST is the remote start where remote data is below the broker's; LATEST_TIERED the remote
     end; a timestamp whose first record is below the broker's log start is found in the copies."""
     asked = {(t.name, int(p.partition_index)): int(p.timestamp) for t in request.topics for p in t.partitions}
+    live = _LiveKeys(view)
     topics = []
     for t in answer.topics:
         parts = []
         for p in t.partitions:
             spec = asked.get((t.name, int(p.partition_index)))
-            if spec is not None and p.error_code == ErrorCode.none:
-                p = _list_offset(view, t.name, p, spec)
+            if spec is not None and p.error_code == ErrorCode.none and (spec >= 0 or spec in (EARLIEST, LATEST_TIERED)):
+                p = _list_offset(view, live, t.name, p, spec)
             parts.append(p)
         topics.append(dataclasses.replace(t, partitions=tuple(parts)))
     return dataclasses.replace(answer, topics=tuple(topics))
 
 
-def _list_offset(view: TieredView, topic: str, p: Any, spec: int) -> Any:
+def _list_offset(view: TieredView, live: _LiveKeys, name: str, p: Any, spec: int) -> Any:
     partition = int(p.partition_index)
     try:
+        topic = live.get(name)
+        if topic is None:
+            return p
         if spec == EARLIEST:
             found = view.earliest(topic, partition)
             if found is not None and found[0] < int(p.offset):
@@ -78,7 +83,7 @@ def _list_offset(view: TieredView, topic: str, p: Any, spec: int) -> Any:
             if hit is not None:
                 return _offset(p, hit[0], hit[1], hit[2])
     except (RemoteReadError, KafkaClusterError) as exc:
-        log.warning("answering ListOffsets from remote storage failed; the broker's answer stands", topic=topic,
+        log.warning("answering ListOffsets from remote storage failed; the broker's answer stands", topic=name,
                     partition=partition, spec=spec, error=str(exc))  # fmt: skip
     return p
 
@@ -93,6 +98,7 @@ def _offset(p: Any, offset: int, timestamp: int, epoch: int) -> Any:
 def offset_for_leader_epoch(request: Any, answer: Any, view: TieredView) -> Any:
     """Where an asked epoch ended inside the remote data, the end offset the copies' checkpoints give."""
     asked = {(t.topic, int(p.partition)): int(p.leader_epoch) for t in request.topics for p in t.partitions}
+    live = _LiveKeys(view)
     topics = []
     for t in answer.topics:
         parts = []
@@ -100,7 +106,8 @@ def offset_for_leader_epoch(request: Any, answer: Any, view: TieredView) -> Any:
             epoch = asked.get((t.topic, int(p.partition)))
             if epoch is not None and p.error_code == ErrorCode.none:
                 try:
-                    found = view.end_offset_for_epoch(t.topic, int(p.partition), epoch)
+                    topic = live.get(t.topic)
+                    found = None if topic is None else view.end_offset_for_epoch(topic, int(p.partition), epoch)
                 except (RemoteReadError, KafkaClusterError) as exc:
                     log.warning("answering OffsetForLeaderEpoch from remote storage failed", topic=t.topic,
                                 partition=int(p.partition), error=str(exc))  # fmt: skip
@@ -110,3 +117,17 @@ def offset_for_leader_epoch(request: Any, answer: Any, view: TieredView) -> Any:
             parts.append(p)
         topics.append(dataclasses.replace(t, partitions=tuple(parts)))
     return dataclasses.replace(answer, topics=tuple(topics))
+
+
+class _LiveKeys:
+    """The live incarnation of each name an answer needs, asked of the cluster once per answer."""
+
+    def __init__(self, view: TieredView) -> None:
+        self.view = view
+        self.keys: dict[str, TopicKey | None] = {}
+
+    def get(self, name: str) -> TopicKey | None:
+        """None when the cluster has no such topic. Raises KafkaClusterError (the broker's answer stands)."""
+        if name not in self.keys:
+            self.keys[name] = self.view.live_key(name)
+        return self.keys[name]

@@ -47,7 +47,7 @@ from kio.static.primitive import i32, i64
 
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError
 from reader.proxy.protocol import build, nested, response_type
-from reader.proxy.tiered import TieredView
+from reader.proxy.tiered import TieredView, TopicKey
 from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.logs import get_logger
 
@@ -63,7 +63,7 @@ _ALLOWED = (ErrorCode.none, ErrorCode.offset_out_of_range)  # a probe answered s
 class RemotePart:
     """One partition the proxy answers from remote storage, once the broker allowed its probe."""
 
-    topic: str
+    topic: TopicKey  # the incarnation whose copies are read
     key: Any  # the topic's key in the request and answer: its name (v4-12) or id (v13+)
     partition: int
     offset: int
@@ -85,6 +85,7 @@ class FetchPlan:
     served_remote: set[tuple[Any, int]] = field(default_factory=set)  # (key, p) answered from the remote copies
     allowed: set[Any] = field(default_factory=set)  # topic keys the broker allowed in its answer to this request
     denied: set[Any] = field(default_factory=set)  # topic keys whose probe the broker refused
+    live: dict[str, bool | None] = field(default_factory=dict)  # by name: the cached id confirmed now (``_live``)
 
     @classmethod
     def make(cls, version: int, request: Any, view: TieredView, confirm_holes: bool = False) -> FetchPlan:
@@ -95,22 +96,28 @@ class FetchPlan:
         offsets: dict[tuple[Any, int], tuple[str, int, int]] = {}
         unconfirmed = False
         topics = []
+        plan = cls(version, int(request.isolation_level) == 1, int(request.max_bytes),
+                   int(request.max_wait.total_seconds() * 1000), remote, request, offsets)  # fmt: skip
         for t in request.topics:
             key = t.topic_id if by_id else t.topic
             name = view.topic_name(t.topic_id) if by_id else t.topic
+            topic = None if name is None else plan._known(view, key, name)
             keep = []
             for p in t.partitions:
                 offset = int(p.fetch_offset)
                 if name is not None:
                     offsets[(key, int(p.partition))] = (name, offset, int(p.partition_max_bytes))
-                    if view.routes_remote(name, int(p.partition), offset):
-                        remote.append(RemotePart(name, key, int(p.partition), offset, int(p.partition_max_bytes)))
-                        keep.append(_probe(p, view.probe_offset(name, int(p.partition))))
+                if topic is not None:
+                    if view.routes_remote(topic, int(p.partition), offset):
+                        remote.append(RemotePart(topic, key, int(p.partition), offset, int(p.partition_max_bytes)))
+                        keep.append(_probe(p, view.probe_offset(topic, int(p.partition))))
                         continue
-                    if view.maybe_hole(name, int(p.partition), offset):
-                        if not confirm_holes:
-                            unconfirmed = True
-                        elif (hole_end := view.hole_end(name, int(p.partition), offset)) is not None:
+                    if view.maybe_hole(topic, int(p.partition), offset):
+                        unconfirmed = unconfirmed or not confirm_holes
+                        # by name, the id is confirmed first: never moved along a deleted incarnation's offsets
+                        confirmed = confirm_holes and plan._live(view, topic)
+                        hole_end = view.hole_end(topic, int(p.partition), offset) if confirmed else None
+                        if hole_end is not None:
                             p = dataclasses.replace(p, fetch_offset=i64(hole_end))
                 keep.append(p)
             if keep:
@@ -120,9 +127,32 @@ class FetchPlan:
             changes.update(session_id=i32(0), session_epoch=i32(-1), forgotten_topics_data=())
         if remote:
             changes["max_wait"] = NO_WAIT
-        upstream = dataclasses.replace(request, topics=tuple(topics), **changes)
-        return cls(version, int(request.isolation_level) == 1, int(request.max_bytes),
-                   int(request.max_wait.total_seconds() * 1000), remote, upstream, offsets, unconfirmed)  # fmt: skip
+        plan.upstream = dataclasses.replace(request, topics=tuple(topics), **changes)
+        plan.unconfirmed = unconfirmed
+        return plan
+
+    # -- which incarnation -------------------------------------------------------------------------
+    def _known(self, view: TieredView, key: Any, name: str) -> TopicKey | None:
+        """The incarnation a partition of the request is about: the id it names (v13+), else the name's id
+        as last learned (None while unknown: the broker answers, and OFFSET_OUT_OF_RANGE asks the cluster)."""
+        return TopicKey(name, key) if self.version >= 13 else view.known_key(name)
+
+    def _live(self, view: TieredView, topic: TopicKey) -> bool | None:
+        """Whether ``topic`` is the live incarnation of its name, before its copies are read. A request by id
+        (v13+) names it, and the broker's answer to the probe checks that id. By name (v4-12) the learned id
+        may be a deleted incarnation's, and the broker's answer cannot tell: the cluster is asked now (once
+        per request and name). A name deleted and created again forgets the old incarnation (``learn_name``).
+        None: the cluster did not say."""
+        if self.version >= 13:
+            return True
+        if topic.name not in self.live:
+            try:
+                self.live[topic.name] = view.live_key(topic.name) == topic
+            except KafkaClusterError as exc:
+                log.warning("the topic's id could not be confirmed; the client retries", topic=topic.name,
+                            error=str(exc))  # fmt: skip
+                self.live[topic.name] = None
+        return self.live[topic.name]
 
     # -- remote reads (blocking: run off the event loop) ------------------------------------------
     def read_remote(self, view: TieredView, parts: list[RemotePart] | None = None) -> None:
@@ -132,8 +162,13 @@ class FetchPlan:
         for part in self.remote if parts is None else parts:
             if part.read:
                 continue
-            part.answer = self._partition(view, part.topic, part.partition, part.offset,
-                                          min(part.max_bytes, max(budget, 1)))  # fmt: skip
+            live = self._live(view, part.topic)
+            if live:
+                part.answer = self._partition(view, part.topic, part.partition, part.offset,
+                                              min(part.max_bytes, max(budget, 1)))  # fmt: skip
+            else:  # another incarnation now (the client asks again, planned on it) or unconfirmed: retriable
+                part.answer = None if live is False else _error(_types(self.version)[2], part.partition,
+                                                                 ErrorCode.kafka_storage_error)  # fmt: skip
             part.read = True
             if part.answer is not None and part.answer.records:
                 budget -= len(part.answer.records)
@@ -143,7 +178,7 @@ class FetchPlan:
         """Remote partitions are still to be read (``merge`` would block: run it off the event loop)."""
         return any(not part.read for part in self.remote)
 
-    def _partition(self, view: TieredView, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+    def _partition(self, view: TieredView, topic: TopicKey, partition: int, offset: int, max_bytes: int) -> Any:
         data_type = _types(self.version)[2]
         try:
             offsets = view.broker_offsets(topic, partition)
@@ -154,11 +189,11 @@ class FetchPlan:
         except NotInRemote:
             return None  # the broker has it now: the caller asks it
         except (RemoteReadError, KafkaClusterError) as exc:
-            log.warning("remote read failed; the client retries", topic=topic, partition=partition, offset=offset,
-                        error=str(exc))  # fmt: skip
+            log.warning("remote read failed; the client retries", topic=topic.name, partition=partition,
+                        offset=offset, error=str(exc))  # fmt: skip
             return _error(data_type, partition, ErrorCode.kafka_storage_error)
         except Exception as exc:  # the metadata WAL unreadable, a bug: the partition fails, not the connection
-            log.error("remote read failed unexpectedly; the client retries", topic=topic, partition=partition,
+            log.error("remote read failed unexpectedly; the client retries", topic=topic.name, partition=partition,
                       offset=offset, error=str(exc), exc_info=True)  # fmt: skip
             return _error(data_type, partition, ErrorCode.kafka_storage_error)
         aborted = None
@@ -185,8 +220,9 @@ class FetchPlan:
             key = t.topic_id if self.version >= 13 else t.topic
             for p in t.partitions:
                 name = self.offsets.get((key, int(p.partition_index)), (None, -1, 0))[0]
-                if name is not None and p.error_code == ErrorCode.none:
-                    _observe(view, name, p)
+                topic = None if name is None or p.error_code != ErrorCode.none else self._known(view, key, name)
+                if topic is not None:
+                    _observe(view, topic, p)
 
     def merge(self, broker: Any, view: TieredView) -> tuple[Any, bool]:
         """The broker's answer with each probe the broker allowed replaced by its remote partition (read now
@@ -230,9 +266,10 @@ class FetchPlan:
                     parts.append(p)
                     continue
                 if p.error_code == ErrorCode.none:
-                    _observe(view, name, p)
+                    if (topic := self._known(view, key, name)) is not None:
+                        _observe(view, topic, p)
                 elif p.error_code == ErrorCode.offset_out_of_range:
-                    served = self._out_of_range(view, name, index, offset, max_bytes)
+                    served = self._out_of_range(view, key, name, index, offset, max_bytes)
                     if served is not None:
                         p, changed = served, True
                         self.served_remote.add((key, index))
@@ -240,7 +277,18 @@ class FetchPlan:
             responses.append(dataclasses.replace(t, partitions=tuple(parts)))
         return dataclasses.replace(broker, responses=tuple(responses)), changed
 
-    def _out_of_range(self, view: TieredView, topic: str, partition: int, offset: int, max_bytes: int) -> Any | None:
+    def _out_of_range(self, view: TieredView, key: Any, name: str, partition: int, offset: int,
+                      max_bytes: int) -> Any | None:  # fmt: skip
+        if self.version >= 13:
+            topic: TopicKey | None = TopicKey(name, key)  # the broker's OFFSET_OUT_OF_RANGE: a live id
+        else:
+            try:  # by name: the live incarnation, asked of the cluster now (the learned id may be a deleted one's)
+                topic = view.live_key(name)
+            except KafkaClusterError as exc:
+                log.warning("the topic's id could not be confirmed; the client retries", topic=name, error=str(exc))
+                return _error(_types(self.version)[2], partition, ErrorCode.kafka_storage_error)
+        if topic is None:
+            return None
         found = view.remote_range(topic, partition)
         if found is None or not found[0] <= offset <= found[1]:
             found = view.remote_range(topic, partition, current=True)  # the copy may be newer than the catalog
@@ -249,7 +297,7 @@ class FetchPlan:
         try:
             view.broker_offsets(topic, partition, fresh=True)  # the log start moved: learn where to
         except KafkaClusterError as exc:
-            log.warning("asking the broker's offsets failed", topic=topic, partition=partition, error=str(exc))
+            log.warning("asking the broker's offsets failed", topic=name, partition=partition, error=str(exc))
         return self._partition(view, topic, partition, offset, min(max_bytes, self.max_bytes))
 
     def empty(self, answer: Any) -> bool:
@@ -265,7 +313,7 @@ def _probe(p: Any, offset: int) -> Any:
     return dataclasses.replace(p, **changes)
 
 
-def _observe(view: TieredView, topic: str, p: Any) -> None:
+def _observe(view: TieredView, topic: TopicKey, p: Any) -> None:
     view.observe(topic, int(p.partition_index), int(getattr(p, "log_start_offset", -1)), int(p.high_watermark),
                  int(p.last_stable_offset))  # fmt: skip
 

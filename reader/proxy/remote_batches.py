@@ -8,7 +8,8 @@ reader's download threads. A read hands out the batches of the head window from 
 about ``max_bytes`` of them (at least one batch, as Kafka's fetch), as the bytes Kafka wrote: nothing is
 decoded or re-encoded, every batch's CRC-32C is checked and offsets must lie inside the copy and grow.
 
-``CursorCache`` keeps cursors between a client's fetches, keyed by the offset each continues at, so a
+``CursorCache`` keeps cursors between a client's fetches, keyed by the topic's id, the partition and the
+offset each continues at (a topic deleted and created again under its name is another id), so a
 client's next fetch finds its read-ahead ready; several clients reading one partition at different
 offsets get a cursor each. Cursors are caches: evicting one only costs read-ahead.
 """
@@ -53,9 +54,9 @@ class BatchCursor:
     """One partition from ``position`` on. One caller at a time (the cache hands it out exclusively); the
     next copy is located ahead on a download thread, so a copy's end costs no wait (KIP-1003's idea)."""
 
-    def __init__(self, reader: RemoteReader, topic: str, partition: int, position: int) -> None:
+    def __init__(self, reader: RemoteReader, topic: str, topic_id: str, partition: int, position: int) -> None:
         self.reader = reader
-        self.topic, self.partition = topic, partition
+        self.topic, self.topic_id, self.partition = topic, topic_id, partition
         self.position = position
         self.copy: SegmentCopy | None = None
         self.txns: TxnView | None = None
@@ -117,7 +118,7 @@ class BatchCursor:
             self.next_job.result()  # the next copy, being located ahead
             self.next_job = None
         if not self.windows:
-            self._begin(self.reader.locate(self.topic, self.partition, self.position))
+            self._begin(self.reader.locate(self.topic, self.partition, self.position, self.topic_id))
         head = self.windows[0]
         if head.copy is not self.copy:  # into the next copy
             self.copy, self.txns = head.copy, None
@@ -225,7 +226,7 @@ class BatchCursor:
 
 
 class CursorCache:
-    """Cursors by ``(topic, partition, next offset)``, least recently used evicted past ``capacity``."""
+    """Cursors by ``(topic id, partition, next offset)``, least recently used evicted past ``capacity``."""
 
     def __init__(self, reader: RemoteReader, capacity: int) -> None:
         self.reader = reader
@@ -233,12 +234,14 @@ class CursorCache:
         self.lock = threading.Lock()
         self.cursors: OrderedDict[tuple[str, int, int], BatchCursor] = OrderedDict()
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:
-        """``BatchCursor.read`` on the cursor that continues at ``offset`` (a new one if none does)."""
+    def read(self, topic: str, topic_id: str, partition: int, offset: int, max_bytes: int,
+             read_committed: bool) -> ServedBatches:  # fmt: skip
+        """``BatchCursor.read`` on the cursor of this incarnation of the topic that continues at ``offset`` (a
+        new one if none does)."""
         with self.lock:
-            cursor = self.cursors.pop((topic, partition, offset), None)
+            cursor = self.cursors.pop((topic_id, partition, offset), None)
         if cursor is None:
-            cursor = BatchCursor(self.reader, topic, partition, offset)
+            cursor = BatchCursor(self.reader, topic, topic_id, partition, offset)
         served = cursor.read(max_bytes, read_committed)  # on an error the cursor closes itself
         self._keep(cursor)
         return served
@@ -246,13 +249,22 @@ class CursorCache:
     def _keep(self, cursor: BatchCursor) -> None:
         evicted = []
         with self.lock:
-            old = self.cursors.pop((cursor.topic, cursor.partition, cursor.position), None)
+            key = (cursor.topic_id, cursor.partition, cursor.position)
+            old = self.cursors.pop(key, None)
             if old is not None:
                 evicted.append(old)
-            self.cursors[(cursor.topic, cursor.partition, cursor.position)] = cursor
+            self.cursors[key] = cursor
             while len(self.cursors) > self.capacity:
                 evicted.append(self.cursors.popitem(last=False)[1])
         for c in evicted:
+            c.close()
+
+    def drop(self, topic_id: str) -> None:
+        """Close the cursors of a topic id (a deleted incarnation: their read-ahead holds pool room)."""
+        with self.lock:
+            gone = [key for key in self.cursors if key[0] == topic_id]
+            cursors = [self.cursors.pop(key) for key in gone]
+        for c in cursors:
             c.close()
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ Answers for offsets below the log start, as Kafka's broker gives them with KIP-4
 
 from __future__ import annotations
 
+import base64
 import bisect
 import threading
 import time
@@ -25,6 +26,7 @@ import uuid
 from typing import NamedTuple
 
 from metadata import WalError
+from metadata.records import topic_id_bytes
 from reader.batches import complete_prefix
 from reader.catalog import MetadataCatalog
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
@@ -32,7 +34,7 @@ from reader.proxy.remote_batches import CursorCache, ServedBatches
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from tiering_core.formats import decode_batch, scan_headers
-from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError
+from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError, kafka_topic_id
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -45,6 +47,20 @@ class BrokerOffsets(NamedTuple):
     seen: float  # time.monotonic() of the answer
 
 
+class TopicKey(NamedTuple):
+    """One incarnation of a topic: its name and Kafka's id. A topic deleted and created again under its name
+    is another key; every cache and decision of the access layer is keyed by it (docs/design.md, "Deleted and
+    re-created topics")."""
+
+    name: str
+    id: uuid.UUID
+
+    @property
+    def kafka_id(self) -> str:
+        """The id as Kafka prints it (the catalog's and the object keys' form)."""
+        return kafka_topic_id(base64.b64encode(self.id.bytes).decode())
+
+
 class TieredView:
     """Thread-safe. ``close()`` frees the cursors (the reader is closed by its owner)."""
 
@@ -54,18 +70,34 @@ class TieredView:
         self.cluster = cluster
         self.cache_seconds = cache_seconds
         self.cursors = CursorCache(reader, cursors)
-        self._offsets: dict[tuple[str, int], BrokerOffsets] = {}
+        self._offsets: dict[tuple[uuid.UUID, int], BrokerOffsets] = {}
         self._names: dict[uuid.UUID, str] = {}
+        self._ids: dict[str, uuid.UUID] = {}  # a name's live id, as last learned
         self._lock = threading.Lock()
 
     def close(self) -> None:
         self.cursors.close()
 
-    # -- names ----------------------------------------------------------------------------------
+    # -- names and ids --------------------------------------------------------------------------
     def learn_name(self, topic_id: uuid.UUID | None, name: str | None) -> None:
-        if topic_id is not None and name and topic_id.int:
-            with self._lock:
-                self._names[topic_id] = name
+        """The live id of a name, from a Metadata answer passing through or from the cluster. When it is not
+        the id learned before, the name was deleted and created again: every cache entry of the old
+        incarnation is dropped (offsets, cursors, the catalog's description)."""
+        if topic_id is None or not name or not topic_id.int:
+            return
+        with self._lock:
+            old = self._ids.get(name)
+            self._ids[name], self._names[topic_id] = topic_id, name
+            if old is None or old == topic_id:
+                return
+            self._names.pop(old, None)
+            for stale in [k for k in self._offsets if k[0] == old]:
+                del self._offsets[stale]
+        gone = TopicKey(name, old)
+        self.cursors.drop(gone.kafka_id)
+        self.catalog.forget(name)
+        log.info("topic deleted and created again: the old incarnation is forgotten", topic=name,
+                 old_id=gone.kafka_id, new_id=TopicKey(name, topic_id).kafka_id)  # fmt: skip
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         """A topic id's name, from the Metadata answers seen, else the tiering metadata (tiered topics)."""
@@ -75,43 +107,63 @@ class TieredView:
             found = self._names.get(topic_id)
         return found if found is not None else self.catalog.topic_name(topic_id.bytes)
 
+    def known_key(self, name: str) -> TopicKey | None:
+        """The name's incarnation as last learned (cheap; it may have been deleted since: ``live_key``)."""
+        with self._lock:
+            found = self._ids.get(name)
+        return None if found is None else TopicKey(name, found)
+
+    def live_key(self, name: str) -> TopicKey | None:
+        """The name's live incarnation, asked of the cluster now (one Metadata request); None when the
+        cluster has no such topic. Raises KafkaClusterError when it did not say (a timeout, no Describe)."""
+        ids = self.cluster.topic_ids([name])
+        if name not in ids:
+            raise KafkaClusterError(f"the cluster did not tell the id of topic {name!r}")
+        live = ids[name]
+        if live is None:
+            return None
+        key = TopicKey(name, uuid.UUID(bytes=topic_id_bytes(live)))
+        self.learn_name(key.id, name)
+        return key
+
     # -- the broker's offsets -------------------------------------------------------------------
-    def observe(self, topic: str, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
+    def observe(self, topic: TopicKey, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
         """A broker's answer for a partition (a Fetch without error): the newest values win."""
         if log_start < 0 or high_watermark < 0:
             return
         with self._lock:
-            old = self._offsets.get((topic, partition))
+            old = self._offsets.get((topic.id, partition))
             if old is not None and old.log_start > log_start and old.high_watermark >= high_watermark:
                 return  # an older answer arriving late (log start only grows)
-            self._offsets[(topic, partition)] = BrokerOffsets(log_start, high_watermark, last_stable, time.monotonic())
+            self._offsets[(topic.id, partition)] = BrokerOffsets(log_start, high_watermark, last_stable,
+                                                                 time.monotonic())  # fmt: skip
 
-    def known_log_start(self, topic: str, partition: int) -> int | None:
+    def known_log_start(self, topic: TopicKey, partition: int) -> int | None:
         with self._lock:
-            found = self._offsets.get((topic, partition))
+            found = self._offsets.get((topic.id, partition))
         return None if found is None else found.log_start
 
-    def probe_offset(self, topic: str, partition: int) -> int:
+    def probe_offset(self, topic: TopicKey, partition: int) -> int:
         """Where the broker is asked about a partition served from remote (``fetch.py``'s probe): its cached
         high watermark, where it has no record to send; the broker authorises a fetch whatever its offset."""
         with self._lock:
-            found = self._offsets.get((topic, partition))
+            found = self._offsets.get((topic.id, partition))
         return found.high_watermark if found is not None else 0
 
-    def broker_offsets(self, topic: str, partition: int, *, fresh: bool = False) -> BrokerOffsets:
+    def broker_offsets(self, topic: TopicKey, partition: int, *, fresh: bool = False) -> BrokerOffsets:
         """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now.
         Raises KafkaClusterError."""
         with self._lock:
-            found = self._offsets.get((topic, partition))
+            found = self._offsets.get((topic.id, partition))
         if found is not None and not fresh and time.monotonic() - found.seen < self.cache_seconds:
             return found
-        got = self.cluster.local_offsets([(topic, partition)])[(topic, partition)]
+        got = self.cluster.local_offsets([(topic.name, partition)])[(topic.name, partition)]
         with self._lock:
-            self._offsets[(topic, partition)] = found = BrokerOffsets(got.lx, got.lz, got.ly, time.monotonic())
+            self._offsets[(topic.id, partition)] = found = BrokerOffsets(got.lx, got.lz, got.ly, time.monotonic())
         return found
 
     # -- remote ---------------------------------------------------------------------------------
-    def remote_range(self, topic: str, partition: int, *, current: bool = False) -> tuple[int, int] | None:
+    def remote_range(self, topic: TopicKey, partition: int, *, current: bool = False) -> tuple[int, int] | None:
         """(Rx, Ry) when the partition has readable remote data, else None. ``current``: first wait until the
         metadata WAL's records written so far are applied (before concluding that an offset has no copy:
         the sidecar records a copy before the broker deletes the data, but the catalog follows it with a lag)."""
@@ -123,14 +175,14 @@ class TieredView:
             except WalError as exc:
                 log.warning("the tiering metadata could not catch up", error=str(exc))
         try:
-            rx, ry = self.catalog.remote_offsets(topic, partition)
+            rx, ry = self.catalog.remote_offsets(topic.name, partition, topic.kafka_id)
         except (UnknownTopic, KafkaClusterError):
             return None
         if rx is None or ry is None or rx > ry:
             return None
         return rx, ry
 
-    def routes_remote(self, topic: str, partition: int, offset: int) -> bool:
+    def routes_remote(self, topic: TopicKey, partition: int, offset: int) -> bool:
         """A fetch at ``offset`` is for the remote copies: below the broker's (cached) log start, and
         within the remote data. Cheap when the partition is not below its log start."""
         log_start = self.known_log_start(topic, partition)
@@ -139,7 +191,7 @@ class TieredView:
         found = self.remote_range(topic, partition)
         return found is not None and found[0] <= offset <= found[1]
 
-    def maybe_hole(self, topic: str, partition: int, offset: int) -> bool:
+    def maybe_hole(self, topic: TopicKey, partition: int, offset: int) -> bool:
         """``offset`` is between the remote end the catalog knows and the broker's (cached) log start: a hole,
         unless the catalog is behind (``hole_end`` tells, waiting for the catalog to catch up). Cheap."""
         log_start = self.known_log_start(topic, partition)
@@ -148,7 +200,7 @@ class TieredView:
         found = self.remote_range(topic, partition)
         return found is not None and offset > found[1]
 
-    def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
+    def hole_end(self, topic: TopicKey, partition: int, offset: int) -> int | None:
         """The broker's log start when ``offset`` lies in a hole between the remote end and it (segments the
         broker's retention deleted before they were copied): the fetch continues there. None otherwise.
         Blocks until the catalog has caught up with the metadata WAL."""
@@ -159,45 +211,47 @@ class TieredView:
         found = self.remote_range(topic, partition, current=True)  # a copy recorded since?
         if found is None or offset <= found[1]:
             return None
-        log.warning("offsets deleted by the broker before they were copied are skipped", topic=topic,
+        log.warning("offsets deleted by the broker before they were copied are skipped", topic=topic.name,
                     partition=partition, offset=offset, remote_end=found[1], log_start=log_start)  # fmt: skip
         return log_start
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:
+    def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:
         """Whole batches from ``offset``. Raises NotInRemote, OffsetOutOfRange and the read errors."""
-        if self.catalog.download_paused(topic):
+        if self.catalog.download_paused(topic.name, topic.kafka_id):
             return ServedBatches(b"", [], offset, blocked=True)
-        return self.cursors.read(topic, partition, offset, max_bytes, read_committed)
+        return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed)
 
     # -- offsets answers ------------------------------------------------------------------------
-    def earliest(self, topic: str, partition: int) -> tuple[int, int] | None:
+    def earliest(self, topic: TopicKey, partition: int) -> tuple[int, int] | None:
         """(remote start, its leader epoch) for ListOffsets EARLIEST, None without remote data."""
         return self._bound(topic, partition, 0)
 
-    def latest_tiered(self, topic: str, partition: int) -> tuple[int, int] | None:
+    def latest_tiered(self, topic: TopicKey, partition: int) -> tuple[int, int] | None:
         """(remote end, its leader epoch) for ListOffsets LATEST_TIERED (-5), None without remote data."""
         return self._bound(topic, partition, 1)
 
-    def _bound(self, topic: str, partition: int, which: int) -> tuple[int, int] | None:
+    def _bound(self, topic: TopicKey, partition: int, which: int) -> tuple[int, int] | None:
         found = self.remote_range(topic, partition, current=True)  # a client resets to it: no stale answer
         if found is None:
             return None
         copy = self._locate(topic, partition, found[which])
         return found[which], _epoch_at(copy, found[which]) if copy is not None else -1
 
-    def offset_for_time(self, topic: str, partition: int, timestamp: int, below: int) -> tuple[int, int, int] | None:
+    def offset_for_time(
+        self, topic: TopicKey, partition: int, timestamp: int, below: int
+    ) -> tuple[int, int, int] | None:
         """(offset, record timestamp, leader epoch) of the first record at or after ``timestamp`` among the
         remote offsets below ``below`` (the broker's log start), as Kafka's broker finds it: the first
         segment whose max timestamp reaches it, then the first batch, then the first record."""
         found = self.remote_range(topic, partition)
         if found is None:
             return None
-        for segment in self.catalog.copies(topic, partition):
+        for segment in self.catalog.copies(topic.name, partition, topic.kafka_id):
             if segment.end_offset < found[0] or segment.max_timestamp < timestamp:
                 continue
             if segment.base_offset >= below:
                 return None
-            copy = self.reader.indexes.get(self.catalog.ref(topic, partition, segment))
+            copy = self.reader.indexes.get(self.catalog.ref(topic.name, partition, segment, topic.kafka_id))
             hit = self._scan_for_time(copy, timestamp, max(found[0], copy.base_offset))
             if hit is not None:
                 return hit if hit[0] < below else None
@@ -224,7 +278,7 @@ class TieredView:
             position = last_whole
         return None
 
-    def end_offset_for_epoch(self, topic: str, partition: int, epoch: int) -> tuple[int, int] | None:
+    def end_offset_for_epoch(self, topic: TopicKey, partition: int, epoch: int) -> tuple[int, int] | None:
         """(epoch, end offset) for OffsetForLeaderEpoch where a later epoch starts inside the remote data
         (Kafka's LeaderEpochFileCache.endOffsetFor over the copies' checkpoints); None where the broker's
         own answer stands (no remote data, or no later epoch known remotely)."""
@@ -244,13 +298,14 @@ class TieredView:
         floor = epochs[i - 1] if i > 0 else epoch
         return floor, entries[epochs[i]]
 
-    def _locate(self, topic: str, partition: int, offset: int) -> SegmentCopy | None:
+    def _locate(self, topic: TopicKey, partition: int, offset: int) -> SegmentCopy | None:
         try:
-            return self.reader.locate(topic, partition, offset)
+            return self.reader.locate(topic.name, partition, offset, topic.kafka_id)
         except (NotInRemote, OffsetOutOfRange):
             return None
         except RemoteReadError as exc:
-            log.warning("reading a remote copy's indexes failed", topic=topic, partition=partition, error=str(exc))
+            log.warning("reading a remote copy's indexes failed", topic=topic.name, partition=partition,
+                        error=str(exc))  # fmt: skip
             return None
 
 

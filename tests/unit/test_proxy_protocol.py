@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+import threading
 import uuid
 from typing import Any
 
@@ -26,7 +27,9 @@ from reader.proxy.protocol import (
     response_type,
     supported_versions,
 )
+from reader.proxy.remote_batches import ServedBatches
 from reader.proxy.routing import Router
+from reader.proxy.tiered import BrokerOffsets, TieredView, TopicKey
 
 
 def request_bytes(api_key: int, version: int, body: Any, client_id: str = "test") -> bytes:
@@ -111,45 +114,52 @@ def test_response_frame_has_its_size_and_header() -> None:
     assert parse(response_type(3, 12), payload, response_body_start(payload, 3, 12)) == body
 
 
-class FakeView:
-    """Partition 0 of ``t`` is below its log start (100) with remote data 0..150 and a cached high watermark
-    of 160; partition 1 is not. ``read`` serves one batch of 10 bytes and records what it read."""
+TOPIC_ID = uuid.UUID(int=7)
 
-    def __init__(self, hole: bool = False) -> None:
+
+class FakeView:
+    """Partition 0 of ``t`` (id ``TOPIC_ID``) is below its log start (100) with remote data 0..150 and a cached
+    high watermark of 160; partition 1 is not. ``read`` serves one batch of 10 bytes and records what it read.
+    ``live``: the id the cluster gives the name now (another one: ``t`` was deleted and created again)."""
+
+    def __init__(self, hole: bool = False, live: uuid.UUID = TOPIC_ID) -> None:
         self.hole = hole
+        self.live = live
         self.reads: list[tuple[int, int]] = []
         self.observed: list[tuple[int, int]] = []
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         return "t"
 
-    def routes_remote(self, topic: str, partition: int, offset: int) -> bool:
+    def known_key(self, name: str) -> TopicKey:
+        return TopicKey(name, TOPIC_ID)
+
+    def live_key(self, name: str) -> TopicKey:
+        return TopicKey(name, self.live)
+
+    def routes_remote(self, topic: TopicKey, partition: int, offset: int) -> bool:
         return partition == 0 and offset < 100 and not self.hole
 
-    def maybe_hole(self, topic: str, partition: int, offset: int) -> bool:
+    def maybe_hole(self, topic: TopicKey, partition: int, offset: int) -> bool:
         return self.hole and partition == 0
 
-    def hole_end(self, topic: str, partition: int, offset: int) -> int | None:
+    def hole_end(self, topic: TopicKey, partition: int, offset: int) -> int | None:
         return 100 if self.hole and partition == 0 else None
 
-    def probe_offset(self, topic: str, partition: int) -> int:
+    def probe_offset(self, topic: TopicKey, partition: int) -> int:
         return 160
 
-    def broker_offsets(self, topic: str, partition: int, fresh: bool = False) -> Any:
-        from reader.proxy.tiered import BrokerOffsets
-
+    def broker_offsets(self, topic: TopicKey, partition: int, fresh: bool = False) -> Any:
         return BrokerOffsets(100, 160, 160, 0.0)
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, read_committed: bool) -> Any:
-        from reader.proxy.remote_batches import ServedBatches
-
+    def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool) -> Any:
         self.reads.append((partition, offset))
         return ServedBatches(b"r" * 10, [], offset + 1)
 
-    def remote_range(self, topic: str, partition: int, current: bool = False) -> tuple[int, int]:
+    def remote_range(self, topic: TopicKey, partition: int, current: bool = False) -> tuple[int, int]:
         return (0, 150)
 
-    def observe(self, topic: str, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
+    def observe(self, topic: TopicKey, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
         self.observed.append((partition, log_start))
 
 
@@ -162,7 +172,7 @@ def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int
                   for p, o in offsets.items())  # fmt: skip
     return build(t, replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1),
                  max_bytes=i32(50 << 20), isolation_level=i8(1), session_id=i32(session[0]),
-                 session_epoch=i32(session[1]), topics=(build(topic_type, topic="t", topic_id=uuid.uuid4(),
+                 session_epoch=i32(session[1]), topics=(build(topic_type, topic="t", topic_id=TOPIC_ID,
                  partitions=parts),), forgotten_topics_data=(), rack_id="")  # fmt: skip
 
 
@@ -261,14 +271,58 @@ class _Copy:
 def test_offset_for_leader_epoch_from_the_copies_checkpoints() -> None:
     """Kafka's endOffsetFor over the oldest and newest copies' checkpoints: an epoch that ended inside the
     remote data ends where the next one starts; the last remote epoch is left to the broker."""
-    from reader.proxy.tiered import TieredView
-
     view = TieredView.__new__(TieredView)
     oldest, newest = _Copy([(0, 0), (2, 100)]), _Copy([(2, 100), (5, 400), (7, 900)])
     view.remote_range = lambda topic, partition, current=False: (0, 800)  # type: ignore[method-assign]
     view._locate = lambda topic, partition, offset: oldest if offset == 0 else newest  # type: ignore[method-assign]
-    assert view.end_offset_for_epoch("t", 0, 0) == (0, 100)
-    assert view.end_offset_for_epoch("t", 0, 1) == (0, 100)  # no epoch 1: the one before it, ended at 100
-    assert view.end_offset_for_epoch("t", 0, 2) == (2, 400)
-    assert view.end_offset_for_epoch("t", 0, 5) is None  # epoch 7 starts past the remote end: the broker knows
-    assert view.end_offset_for_epoch("t", 0, 9) is None
+    t = TopicKey("t", TOPIC_ID)
+    assert view.end_offset_for_epoch(t, 0, 0) == (0, 100)
+    assert view.end_offset_for_epoch(t, 0, 1) == (0, 100)  # no epoch 1: the one before it, ended at 100
+    assert view.end_offset_for_epoch(t, 0, 2) == (2, 400)
+    assert view.end_offset_for_epoch(t, 0, 5) is None  # epoch 7 starts past the remote end: the broker knows
+    assert view.end_offset_for_epoch(t, 0, 9) is None
+
+
+@pytest.mark.parametrize("code", [ErrorCode.none, ErrorCode.offset_out_of_range])
+def test_a_fetch_by_name_of_a_topic_created_again_is_not_answered_from_the_deleted_topics_copies(
+    code: ErrorCode,
+) -> None:
+    """Fetch v4-12 names the topic: the broker allows the probe of the new topic of that name, and only the
+    cluster's id for the name, asked now, shows that the learned id (and its copies) is a deleted topic's. The
+    partition is left out of the answer (the client asks again) and nothing is read."""
+    view = FakeView(live=uuid.UUID(int=8))
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}), view)  # type: ignore[arg-type]
+    plan.read_remote(view)  # type: ignore[arg-type]  # read ahead of the broker's answer: confirmed first too
+    merged, _ = plan.merge(broker_answer(12, "t", {0: code, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
+    assert [int(p.partition_index) for t in merged.responses for p in t.partitions] == [1]
+    assert view.reads == [] and not plan.served_remote
+
+
+def test_a_name_created_again_forgets_the_old_incarnation() -> None:
+    """The broker's offsets and the cursors are keyed by topic id; a Metadata answer giving the name another id
+    drops the old incarnation's entries (its log start would route the new topic's offsets to old copies)."""
+
+    class Dropped:
+        def __init__(self) -> None:
+            self.ids: list[str] = []
+            self.names: list[str] = []
+
+        def drop(self, topic_id: str) -> None:
+            self.ids.append(topic_id)
+
+        def forget(self, name: str) -> None:
+            self.names.append(name)
+
+    view = TieredView.__new__(TieredView)
+    dropped = Dropped()
+    view.cursors, view.catalog = dropped, dropped  # type: ignore[assignment]
+    view._offsets, view._names, view._ids, view._lock = {}, {}, {}, threading.Lock()
+    old, new = TopicKey("t", TOPIC_ID), TopicKey("t", uuid.UUID(int=8))
+    view.learn_name(old.id, "t")
+    view.observe(old, 0, 3960, 6000, 6000)
+    view.observe(new, 0, 0, 10, 10)  # by id: the new topic's answer does not meet the old one's guard
+    assert view.known_log_start(old, 0) == 3960 and view.known_log_start(new, 0) == 0
+    view.learn_name(new.id, "t")
+    assert view.known_key("t") == new and view.known_log_start(old, 0) is None and view.known_log_start(new, 0) == 0
+    assert dropped.ids == [old.kafka_id] and dropped.names == ["t"]
+    assert old.kafka_id == "AAAAAAAAAAAAAAAAAAAABw"
