@@ -269,9 +269,13 @@ class MetadataWal:
         return self._list_offsets(OffsetSpec.earliest(), "start", partitions)
 
     def _list_offsets(self, spec: OffsetSpec, what: str, partitions: Iterable[int] | None) -> dict[int, int]:
+        """The offsets of ``spec``, asked again after each refresh of the leaders until ``timeout`` passes, and at
+        least once: a request sent to a leader that went away (its broker stopped) waits until it times out, and
+        librdkafka's admin client refreshes its cached leaders only when asked to."""
         deadline = time.monotonic() + self.timeout
         chosen = range(self.partitions) if partitions is None else sorted(partitions)
         wanted = {TopicPartition(self.topic, p): spec for p in chosen}
+        refreshed = False
         while True:
             try:
                 futures = self._admin().list_offsets(wanted, request_timeout=self.timeout)
@@ -283,9 +287,10 @@ class MetadataWal:
                 if not unanswered:
                     return found
                 problem = f"no answer for partitions {unanswered} within {self.timeout:.0f}s"
-            if time.monotonic() > deadline:  # a new topic: leaders may still be moving
+            if refreshed and time.monotonic() > deadline:  # a new topic: leaders may still be moving
                 raise WalError(f"reading the {what} offsets of {self.topic}: {problem}")
             self._refresh_leaders()
+            refreshed = True
 
     def gap(self, partition: int, expected: int, found: str) -> WalGap:
         """The error for records missing before ``expected`` in ``partition``: what was found instead."""

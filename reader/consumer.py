@@ -36,6 +36,7 @@ Remote read errors are delivered as error events naming the object key (``_BAD_M
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,7 @@ from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 RETRY_SECONDS = 1.0
+STATS_INTERVAL_MS = 10_000  # librdkafka's statistics, for describe() (unless the config sets an interval)
 _EARLIEST = {"smallest", "earliest", "beginning"}
 _LATEST = {"largest", "latest", "end"}
 _TRUE = {"true", "1", "yes"}
@@ -75,7 +77,7 @@ Callback = Callable[[Any, list[TopicPartition]], None]
 
 
 class _Partition:
-    __slots__ = ("next", "paused", "pending", "position", "retry_at", "start", "stream", "topic", "tp")
+    __slots__ = ("next", "paused", "pending", "position", "problem", "retry_at", "start", "stream", "topic", "tp")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -87,6 +89,7 @@ class _Partition:
         self.next = 0
         self.paused = False
         self.retry_at = 0.0
+        self.problem: tuple[float, str] | None = None  # the last thing that held it up (monotonic time, what)
 
 
 def _error_for(exc: RemoteReadError) -> KafkaError:
@@ -99,6 +102,17 @@ def _error_for(exc: RemoteReadError) -> KafkaError:
     if isinstance(exc, RemoteUnavailable):
         return KafkaError(KafkaError._TRANSPORT, str(exc), retriable=True)
     return KafkaError(KafkaError._FAIL, str(exc))
+
+
+def _stream_state(stream: PartitionStream) -> dict[str, Any]:
+    """A remote partition's stream for ``TieredConsumer.describe``."""
+    copy = stream.copy
+    return {
+        "position": stream.position,
+        "copy": None if copy is None else [copy.base_offset, copy.end_offset],
+        "blocked_at": stream.blocked_at,
+        "download_paused": stream.download_paused,
+    }
 
 
 class TieredConsumer:
@@ -119,7 +133,10 @@ class TieredConsumer:
             str(config.get("group.protocol", "classic")).lower() == "consumer"
         )
         inner = {**config, "auto.offset.reset": "error", "enable.auto.commit": False, "enable.auto.offset.store": False}
-        self._inner = Consumer(inner)
+        self._user_stats_cb: Callable[[str], None] | None = inner.pop("stats_cb", None)
+        inner.setdefault("statistics.interval.ms", STATS_INTERVAL_MS)
+        self._stats: tuple[float, str] | None = None  # librdkafka's last statistics (monotonic time, JSON)
+        self._inner = Consumer({**inner, "stats_cb": self._keep_stats})
         if reader is None:
             security = {k: v for k, v in config.items() if k.startswith(_SECURITY)}  # the catalog connects as well
             overrides = {"kafka_client": security} if security else {}
@@ -310,6 +327,7 @@ class TieredConsumer:
             log.info("broker's log start unknown; asking again", topic=part.tp[0], partition=part.tp[1],
                      error=str(exc))  # fmt: skip
             part.retry_at = time.monotonic() + RETRY_SECONDS
+            part.problem = (time.monotonic(), f"broker's log start unknown: {exc}")
             return None
 
     def _hand_over(self, part: _Partition, offset: int, out: list) -> None:
@@ -322,6 +340,7 @@ class TieredConsumer:
             if self._reset not in _EARLIEST:
                 out.append(TieredEvent(*part.tp, offset, _error_for(exc)))
                 part.retry_at = time.monotonic() + RETRY_SECONDS
+                part.problem = (time.monotonic(), f"hand-over refused: {exc}")
                 return
             log.warning("offsets missing from remote and broker skipped", error=str(exc))
             offset = lx
@@ -437,6 +456,7 @@ class TieredConsumer:
                 return False
             out.append(TieredEvent(*part.tp, stream.position, _error_for(exc)))
             part.retry_at = time.monotonic() + RETRY_SECONDS
+            part.problem = (time.monotonic(), f"remote read failed: {exc}")
             return False
         if not batches:
             if stream.download_paused:
@@ -591,6 +611,57 @@ class TieredConsumer:
         self._catalog.watch([partition.topic])
         rx, _ = self._catalog.remote_offsets(partition.topic, partition.partition)
         return (low if rx is None else min(rx, low)), high
+
+    # -- diagnostics ----------------------------------------------------------------------------
+    def _keep_stats(self, stats: str) -> None:
+        """librdkafka's statistics callback: keep the last report for ``describe``, pass it on to the user's."""
+        self._stats = (time.monotonic(), stats)
+        if self._user_stats_cb is not None:
+            self._user_stats_cb(stats)
+
+    def describe(self) -> dict[str, Any]:
+        """What this consumer is doing, for a person (or a test) looking at a reader that stopped delivering.
+        Sends Kafka no request; call it from the consuming thread, as every other method.
+
+        ``assignment``: the inner consumer's partitions, as ``topic-partition``. ``partitions``: per assigned
+        partition (``topic-partition``), ``position`` (the next offset to deliver), ``reading`` (``remote`` or
+        ``broker``), ``paused`` (by the user), ``inner_paused`` (held paused in the inner consumer: while remote,
+        or paused by the user), ``pending`` (decoded, not delivered yet), ``retry_in_s`` (waiting before asking
+        again, after an error), ``problem`` (the last thing that held it up, and ``problem_age_s``),
+        ``remote_offsets`` (Rx, Ry as the catalog knows them), ``stream`` (while remote: its position, the
+        copy being read as [base, end], ``blocked_at``, ``download_paused``), ``inner_position`` (the inner
+        consumer's fetch position) and ``librdkafka``: from its last statistics report (every
+        ``statistics.interval.ms``, default 10 s; ``stats_age_s`` old), the partition's ``leader`` and the
+        ``broker`` it fetches from, its ``fetch_state`` and ``next_offset``, and which brokers are up."""
+        now = time.monotonic()
+        stats = json.loads(self._stats[1]) if self._stats is not None else {}
+        tps = [TopicPartition(*k) for k in self._parts]
+        inner_positions = {(tp.topic, tp.partition): tp.offset for tp in self._inner.position(tps)} if tps else {}
+        partitions = {}
+        for key, part in self._parts.items():
+            stream = part.stream
+            fetcher = stats.get("topics", {}).get(key[0], {}).get("partitions", {}).get(str(key[1]), {})
+            partitions[f"{key[0]}-{key[1]}"] = {
+                "position": part.position,
+                "reading": "broker" if stream is None else "remote",
+                "paused": part.paused,
+                "inner_paused": stream is not None or part.paused,
+                "pending": len(part.pending) - part.next,
+                "retry_in_s": round(max(0.0, part.retry_at - now), 1),
+                "problem": part.problem[1] if part.problem else None,
+                "problem_age_s": round(now - part.problem[0], 1) if part.problem else None,
+                "remote_offsets": self._catalog.remote_offsets(*key),
+                "stream": None if stream is None else _stream_state(stream),
+                "inner_position": inner_positions.get(key),
+                "librdkafka": {k: fetcher.get(k) for k in ("leader", "broker", "fetch_state", "next_offset")},
+            }
+        brokers = stats.get("brokers", {}).values()
+        return {
+            "assignment": [f"{tp.topic}-{tp.partition}" for tp in self._inner.assignment()],
+            "partitions": partitions,
+            "brokers_up": sorted(b["nodeid"] for b in brokers if b.get("nodeid", -1) >= 0 and b.get("state") == "UP"),
+            "stats_age_s": round(now - self._stats[0], 1) if self._stats is not None else None,
+        }
 
     # -- the rest of the interface --------------------------------------------------------------
     def list_topics(self, *args: Any, **kwargs: Any) -> Any:

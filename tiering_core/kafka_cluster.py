@@ -102,12 +102,18 @@ def _not_listed(exc: KafkaClusterError) -> bool:
     return isinstance(refused, KafkaException) and refused.args[0].code() in _NOT_LISTED
 
 
-def _leadership_moved(future: Future, timeout: float) -> bool:
-    """Whether ``future`` failed because the client's idea of the partition's leader is out of date."""
+def _leader_stale(future: Future, timeout: float) -> bool:
+    """Whether ``future`` (a ListOffsets answer) failed because the client's idea of the partition's leader
+    may be out of date: the old leader answered that it no longer leads, or nobody answered. The second is
+    a leader that went away: librdkafka's admin client keeps no topics of its own, so a broker going down
+    refreshes none of its cached leaders, and it queues the request to the stopped broker until the
+    request times out (answered OFFSET_INVALID, not an error)."""
     try:
         error = future.exception(timeout=timeout)
     except TimeoutError:
-        return False
+        return True
+    if error is None:
+        return bool(future.result().offset < 0)
     return isinstance(error, KafkaException) and error.args[0].code() in _LEADERSHIP_MOVED
 
 
@@ -304,13 +310,15 @@ class KafkaCluster:
         """One ListOffsets request per leader. Right after leadership moved (a reassignment, a broker
         restart) the leaders answer FENCED_LEADER_EPOCH or NOT_LEADER_OR_FOLLOWER to a client whose
         metadata is older, and librdkafka's admin client does not refresh it on that answer (it waits for
-        its periodic refresh, 5 minutes): the topics' metadata is then asked for once and the request
-        sent again, so a sidecar on the new leader does not stall."""
+        its periodic refresh, 5 minutes); when the old leader's broker is stopped, nothing answers at all
+        (the request waits for that broker until it times out), and nothing ever refreshes it. Either
+        way the topics' metadata is then asked for once and the request sent again, so a sidecar on the
+        new leader, or a TieredConsumer handing a partition over to the broker, does not stall."""
         self._request("ListOffsets")
         futures = self.admin.list_offsets(
             {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout
         )
-        stale = [f for f in futures.values() if _leadership_moved(f, self.timeout)]
+        stale = [f for f in futures.values() if _leader_stale(f, self.timeout)]
         if stale:
             for topic in sorted({tp.topic for tp in tps}):
                 self._request("Metadata")

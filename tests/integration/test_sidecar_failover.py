@@ -41,9 +41,13 @@ def produce(bootstrap: str, topic: str, start: int, count: int, produced: dict[i
     assert producer.flush(240) == 0 and not errors, errors[:3]
 
 
-def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: Endpoints, tmp_path: Path) -> None:
+def tiered_on_three_brokers(
+    stack3: Endpoints, tmp_path: Path, produced: dict[int, bytes]
+) -> tuple[str, dict[int, Path]]:
+    """A topic replicated on the three brokers (64 KiB segments) holding 20,000 records, tiered with a local
+    retention of four segments, and a sidecar config per broker (one prefix and metadata topic, 400 kB/s
+    uploads): the topic's name and the configs by broker id."""
     topic = create_topic(stack3.bootstrap, replication=3, internal_segment_bytes=64 * 1024, min_insync_replicas=2)
-    produced: dict[int, bytes] = {}
     produce(stack3.bootstrap, topic, 0, 20_000, produced)
     shared = {"prefix": f"it-{uuid.uuid4().hex[:8]}", "metadata_topic": f"__tiering_metadata_{uuid.uuid4().hex[:8]}"}
     configs = {
@@ -51,14 +55,26 @@ def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: E
         for b in stack3.brokers
     }
     cli("topic", "enable", topic, "--local-retention-bytes", str(4 * 64 * 1024), "--config", str(configs[1]))
+    return topic, configs
+
+
+def partition_leader(observer: SidecarContext, topic: str) -> tuple[str, int]:
+    """The topic's id and its partition 0's leader, once the sidecars' metadata has the topic."""
+    wait_for(lambda: observer.manager.topic_state(topic) is not None, 60, "the sidecars to start")
+    info = observer.cluster.topics([topic])[topic]
+    leader = info.partitions[0].leader
+    assert leader is not None
+    return info.topic_id, leader
+
+
+def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: Endpoints, tmp_path: Path) -> None:
+    produced: dict[int, bytes] = {}
+    topic, configs = tiered_on_three_brokers(stack3, tmp_path, produced)
     with sidecars_running(configs) as sidecars:
         observer = SidecarContext.build(settings(configs[1]), writes_snapshots=False)  # outlives any one sidecar
         observer.manager.start()
         try:
-            wait_for(lambda: observer.manager.topic_state(topic) is not None, 60, "the sidecars to start")
-            info = observer.cluster.topics([topic])[topic]
-            topic_id, old_leader = info.topic_id, info.partitions[0].leader
-            assert old_leader is not None
+            topic_id, old_leader = partition_leader(observer, topic)
             old_epoch = observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].leader_epoch
             wait_for(lambda: len(observer.manager.segments(topic_id, 0, FINISHED)) >= 3, 120, "the leader to upload")
             # The leader's broker goes away while its sidecar is still uploading (rate limited). SIGTERM: a

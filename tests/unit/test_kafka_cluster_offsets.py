@@ -1,4 +1,5 @@
-"""KafkaCluster asks for fresh metadata and sends ListOffsets again when leadership moved under it."""
+"""KafkaCluster asks for fresh metadata and sends ListOffsets again when leadership moved under it, or when
+the leader it knows did not answer (its broker stopped)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ class Answer:
 
 
 class FakeAdmin:
-    """Answers ListOffsets with ``error`` until ``list_topics`` was called ``refreshes_needed`` times."""
+    """Answers ListOffsets with ``error`` (None: OFFSET_INVALID, as librdkafka answers a request that timed out)
+    until ``list_topics`` was called ``refreshes_needed`` times."""
 
-    def __init__(self, error: int, refreshes_needed: int = 1) -> None:
+    def __init__(self, error: int | None, refreshes_needed: int = 1) -> None:
         self.error = error
         self.refreshes_needed = refreshes_needed
         self.calls: list[str] = []
@@ -35,7 +37,9 @@ class FakeAdmin:
         futures = {}
         for tp in request:
             future: Future = Future()
-            if self.refreshes_needed > 0:
+            if self.refreshes_needed > 0 and self.error is None:
+                future.set_result(Answer(-1001))
+            elif self.refreshes_needed > 0:
                 future.set_exception(KafkaException(KafkaError(self.error)))
             else:
                 future.set_result(Answer(42))
@@ -49,8 +53,8 @@ def cluster_with(admin: FakeAdmin) -> KafkaCluster:
     return cluster
 
 
-@pytest.mark.parametrize("code", [KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION])
-def test_a_stale_leader_is_refreshed_and_asked_again(code: int) -> None:
+@pytest.mark.parametrize("code", [KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION, None])
+def test_a_stale_leader_is_refreshed_and_asked_again(code: int | None) -> None:
     admin = FakeAdmin(code)
     cluster = cluster_with(admin)
     assert cluster.log_start_offsets([("t", 0), ("t", 1)]) == {("t", 0): 42, ("t", 1): 42}
@@ -61,6 +65,13 @@ def test_still_stale_after_one_refresh_is_an_error_naming_the_partition() -> Non
     cluster = cluster_with(FakeAdmin(KafkaError.FENCED_LEADER_EPOCH, refreshes_needed=2))
     with pytest.raises(KafkaClusterError, match=r"list offsets of t-0 .*FENCED_LEADER_EPOCH"):
         cluster.log_start_offsets([("t", 0)])
+
+
+def test_still_unanswered_after_one_refresh_is_an_error_naming_the_partition() -> None:
+    admin = FakeAdmin(None, refreshes_needed=2)
+    with pytest.raises(KafkaClusterError, match=r"list offsets of t-0: no answer within 1s"):
+        cluster_with(admin).log_start_offsets([("t", 0)])
+    assert admin.calls == ["ListOffsets", "Metadata t", "ListOffsets"]
 
 
 def test_other_errors_are_not_retried() -> None:
