@@ -14,7 +14,7 @@ from kio.static.primitive import i8, i32, i64
 
 from reader.proxy.protocol import build, encode, nested, parse, request_type, response_body_start, response_type
 
-FETCH, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 17, 36
+FETCH, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 3, 17, 36
 _SIZE = struct.Struct(">i")
 
 
@@ -79,6 +79,12 @@ class RawKafka:
         token = b"\0" + user.encode() + b"\0" + password.encode()
         answer = self.request(SASL_AUTHENTICATE, 2, auth_bytes=token)
         return -1 if answer is None else int(answer.error_code)
+
+    def metadata(self, topic: str) -> Any | None:
+        """Metadata v12 for one topic (its id, leaders)."""
+        topic_type = nested(request_type(METADATA, 12), "topics")
+        return self.request(METADATA, 12, topics=(build(topic_type, topic_id=None, name=topic),),
+                            allow_auto_topic_creation=False, include_topic_authorized_operations=False)  # fmt: skip
 
     def fetch(self, version: int, topic: str, topic_id: uuid.UUID, partition: int, offset: int,
               max_bytes: int = 1 << 20) -> Any | None:  # fmt: skip
