@@ -68,17 +68,19 @@ class BatchCursor:
         self.headers: list[BatchHeader] = []
         self.next_batch = 0
 
-    def read(self, max_bytes: int, read_committed: bool) -> ServedBatches:
-        """Batches from ``position``. Raises NotInRemote at the remote end (the broker has the rest),
-        OffsetOutOfRange below the remote start, and the store's read errors (nothing is skipped:
-        the next read retries at the same offset)."""
+    def read(self, max_bytes: int, read_committed: bool, min_one: bool = True) -> ServedBatches:
+        """Batches from ``position``, at most ``max_bytes`` of them, except one larger batch when ``min_one``
+        (Kafka's rule for the first partition with data in an answer; without it such a batch waits for the
+        next fetch). Raises NotInRemote at the remote end (the broker has the rest), OffsetOutOfRange below
+        the remote start, and the store's read errors (nothing is skipped: the next read retries at the
+        same offset)."""
         try:
-            return self._read(max_bytes, read_committed)
+            return self._read(max_bytes, read_committed, min_one)
         except BaseException:
             self.close()  # planned afresh from ``position`` next time
             raise
 
-    def _read(self, max_bytes: int, read_committed: bool) -> ServedBatches:
+    def _read(self, max_bytes: int, read_committed: bool, min_one: bool) -> ServedBatches:
         while True:
             if self.data is None:
                 self._next_window()
@@ -88,9 +90,11 @@ class BatchCursor:
             while i < len(headers) and headers[i].last_offset < self.position:
                 i += 1
             j, size = i, 0
-            while j < len(headers) and (j == i or size + headers[j].size <= max_bytes):
+            while j < len(headers) and ((j == i and min_one) or size + headers[j].size <= max_bytes):
                 size += headers[j].size
                 j += 1
+            if i == j < len(headers):  # the next batch is larger than the room left
+                return ServedBatches(b"", [], self.position)
             if i == j:  # the window is used up
                 self._drop_head()
                 continue
@@ -235,14 +239,14 @@ class CursorCache:
         self.cursors: OrderedDict[tuple[str, int, int], BatchCursor] = OrderedDict()
 
     def read(self, topic: str, topic_id: str, partition: int, offset: int, max_bytes: int,
-             read_committed: bool) -> ServedBatches:  # fmt: skip
+             read_committed: bool, min_one: bool = True) -> ServedBatches:  # fmt: skip
         """``BatchCursor.read`` on the cursor of this incarnation of the topic that continues at ``offset`` (a
         new one if none does)."""
         with self.lock:
             cursor = self.cursors.pop((topic_id, partition, offset), None)
         if cursor is None:
             cursor = BatchCursor(self.reader, topic, topic_id, partition, offset)
-        served = cursor.read(max_bytes, read_committed)  # on an error the cursor closes itself
+        served = cursor.read(max_bytes, read_committed, min_one)  # on an error the cursor closes itself
         self._keep(cursor)
         return served
 

@@ -215,11 +215,13 @@ class TieredView:
                     partition=partition, offset=offset, remote_end=found[1], log_start=log_start)  # fmt: skip
         return log_start
 
-    def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool) -> ServedBatches:
-        """Whole batches from ``offset``. Raises NotInRemote, OffsetOutOfRange and the read errors."""
+    def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool,
+             min_one: bool = True) -> ServedBatches:  # fmt: skip
+        """Whole batches from ``offset`` (``BatchCursor.read``). Raises NotInRemote, OffsetOutOfRange and the
+        read errors."""
         if self.catalog.download_paused(topic.name, topic.kafka_id):
             return ServedBatches(b"", [], offset, blocked=True)
-        return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed)
+        return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed, min_one)
 
     # -- offsets answers ------------------------------------------------------------------------
     def earliest(self, topic: TopicKey, partition: int) -> tuple[int, int] | None:
