@@ -12,13 +12,14 @@ Runs on the containers backend only (TIERING_TEST_BACKEND=containers; the contai
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -95,6 +96,7 @@ class CatchUpReader:
     retried: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     failure: BaseException | None = None
+    state: dict[str, Any] | None = None  # the consumer's describe() when the reader stopped
     stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> threading.Thread:
@@ -118,13 +120,15 @@ class CatchUpReader:
                         self.twice.append(message.offset())
                     self.got[message.offset()] = message.value()
                     time.sleep(0.001)
+                self.state = consumer.describe()
         except BaseException as exc:
             self.failure = exc
 
     def join(self, thread: threading.Thread, stalled: float = 60, limit: float = 600) -> None:
-        """Wait for the reader while it makes progress: a slow reader on a loaded machine (one CI run stopped
-        it 565 records short after a fixed 240 s) is waited for, a stalled one (no record for ``stalled``
-        seconds) is not, and the missing offsets then fail the test."""
+        """Wait for the reader while it makes progress: a slow reader on a loaded machine is waited for, a
+        stalled one (no record for ``stalled`` seconds; issue 29's hand-over after the leader's pod stopped)
+        is not. Then the reader is stopped and waited for (up to a minute) to record what its consumer was
+        doing (``state``), which the missing offsets' failure shows."""
         deadline = time.monotonic() + limit
         seen, moved = -1, time.monotonic()
         while thread.is_alive() and time.monotonic() < deadline:
@@ -132,7 +136,9 @@ class CatchUpReader:
             if len(self.got) != seen:
                 seen, moved = len(self.got), time.monotonic()
             elif time.monotonic() - moved > stalled:
-                return
+                break
+        self.stop.set()
+        thread.join(60)
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """``call()``, again after a KafkaClusterError ("retry later": e.g. FENCED_LEADER_EPOCH while a
@@ -212,7 +218,8 @@ def test_leader_pod_lost_during_uploads_and_catch_up_reads_loses_nothing(
     missing = sorted(set(range(30_000)) - set(reader.got))
     assert not missing, (
         f"the catch-up reader missed {len(missing)} offsets, the first {missing[:5]}; "
-        f"error events {reader.errors[:3]} (of {len(reader.errors)}), retried {reader.retried[:3]}"
+        f"error events {reader.errors[:3]} (of {len(reader.errors)}), retried {reader.retried[:3]}; "
+        f"its consumer when it stopped: {json.dumps(reader.state, indent=1, default=str)}"
     )
     differ = [o for o in range(30_000) if reader.got[o] != produced[o]]
     assert not differ and len(reader.got) == 30_000, f"the catch-up reader's records differ at {differ[:5]}"
