@@ -42,7 +42,7 @@ def drain(consumer: TieredConsumer, ends: dict[int, int], timeout: float = 120) 
         positions = consumer.position([TopicPartition(m_topic(consumer), p) for p in ends])
         if all(tp.offset >= ends[tp.partition] for tp in positions):
             return got
-    raise AssertionError(f"not at the end after {timeout}s: {consumer.position([])}")
+    raise AssertionError(f"not at the end after {timeout}s; the consumer: {consumer.describe()}")
 
 
 def m_topic(consumer: TieredConsumer) -> str:
@@ -88,12 +88,20 @@ def test_stream_reads_every_remote_record_across_windows_and_copies(tiered: Tier
 def test_assigned_from_zero_remote_then_broker_without_gap_or_duplicate(tiered: TieredTopic, isolation: str) -> None:
     lx = tiered.log_start()
     end = tiered.end_offset()
+    stats: list[str] = []
     config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-              "isolation.level": isolation, "enable.auto.commit": False}  # fmt: skip
+              "isolation.level": isolation, "enable.auto.commit": False, "statistics.interval.ms": 200,
+              "stats_cb": stats.append}  # fmt: skip
     with TieredConsumer(config, tiered.reader_settings()) as consumer:
         consumer.assign([TopicPartition(tiered.topic, 0, 0)])
         messages = drain(consumer, {0: end})[0]
+        wait_for(lambda: bool(stats), 10, "librdkafka's statistics", step=lambda: consumer.poll(0.1))
+        state = consumer.describe()
     check(messages, tiered.produced, isolation == "read_committed")
+    part = state["partitions"][f"{tiered.topic}-0"]
+    assert state["assignment"] == [f"{tiered.topic}-0"] and state["stats_age_s"] is not None, state
+    assert part["reading"] == "broker" and part["stream"] is None and not part["inner_paused"], part
+    assert part["position"] >= end and part["problem"] is None and part["librdkafka"]["leader"] == 1, part
     remote = [m for m in messages if isinstance(m, TieredMessage)]
     broker = [m for m in messages if isinstance(m, Message)]
     assert remote and broker and len(remote) + len(broker) == len(messages)
