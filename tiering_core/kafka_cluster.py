@@ -322,7 +322,13 @@ class KafkaCluster:
         if stale:
             for topic in sorted({tp.topic for tp in tps}):
                 self._request("Metadata")
-                self.admin.list_topics(topic=topic, timeout=self.timeout)  # updates librdkafka's cache
+                try:
+                    self.admin.list_topics(topic=topic, timeout=self.timeout)  # updates librdkafka's cache
+                except KafkaException as exc:  # nothing answers (the cluster is unreachable): the caller's error
+                    raise KafkaClusterError(
+                        f"could not refresh the leaders of {topic} (Kafka at {self.bootstrap}): "
+                        f"{kafka_error_text(exc.args[0])}"
+                    ) from exc
             self._request("ListOffsets")
             futures = self.admin.list_offsets(
                 {tp: spec for tp in tps}, isolation_level=isolation, request_timeout=self.timeout

@@ -26,10 +26,13 @@ class FakeAdmin:
     def __init__(self, error: int | None, refreshes_needed: int = 1) -> None:
         self.error = error
         self.refreshes_needed = refreshes_needed
+        self.unreachable = False
         self.calls: list[str] = []
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
         self.calls.append(f"Metadata {topic}")
+        if self.unreachable:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
         self.refreshes_needed -= 1
 
     def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[TopicPartition, Future]:
@@ -72,6 +75,13 @@ def test_still_unanswered_after_one_refresh_is_an_error_naming_the_partition() -
     with pytest.raises(KafkaClusterError, match=r"list offsets of t-0: no answer within 1s"):
         cluster_with(admin).log_start_offsets([("t", 0)])
     assert admin.calls == ["ListOffsets", "Metadata t", "ListOffsets"]
+
+
+def test_an_unreachable_cluster_is_a_cluster_error() -> None:
+    admin = FakeAdmin(None)
+    admin.unreachable = True
+    with pytest.raises(KafkaClusterError, match=r"could not refresh the leaders of t .*_TRANSPORT"):
+        cluster_with(admin).log_start_offsets([("t", 0)])
 
 
 def test_other_errors_are_not_retried() -> None:
