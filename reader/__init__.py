@@ -14,7 +14,8 @@ The API, in the order a reader uses it:
 - ``HotDataPreloader``: started by ``RemoteReader`` when ``hot_data_interval_seconds`` is set; warms the
   disk cache for consumer groups' committed offsets below the broker's log start while idle.
 - ``TieredConsumer``: ``confluent_kafka.Consumer``'s interface; offsets below the broker's log start
-  come from the remote copies, then it hands over to the broker with no gap and no duplicate.
+  come from the remote copies, then it hands over to the broker with no gap and no duplicate;
+  ``describe()`` says what it is doing (for a reader that stopped delivering).
 
 Errors (``reader.errors``): ``OffsetOutOfRange``, ``NotInRemote``, ``RemoteObjectMissing``,
 ``RemoteDataCorrupt``, ``RemoteUnavailable``, all ``RemoteReadError``. Imports: ``metadata`` and
