@@ -43,6 +43,10 @@ class ProxyMetrics:
             "tiering_proxy_remote_errors", "Partitions of Fetch answers that failed on remote storage (answered "
             "KAFKA_STORAGE_ERROR, retried by the client).", registry=r,
         )  # fmt: skip
+        self.throttle_seconds = Counter(
+            "tiering_proxy_throttle_seconds", "Throttle time given to clients over their fetch quota for the bytes "
+            "answered from remote storage (throttle_time_ms in Fetch answers).", registry=r,
+        )  # fmt: skip
         self.connections = Gauge("tiering_proxy_connections", "Client connections open now.", registry=r)
         self.refused = Counter(
             "tiering_proxy_connections_refused", "Client connections closed at once (max_connections reached).",
