@@ -14,7 +14,7 @@ from kio.static.primitive import i8, i32, i64
 
 from reader.proxy.protocol import build, encode, nested, parse, request_type, response_body_start, response_type
 
-FETCH, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 3, 17, 36
+FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 2, 3, 17, 36
 _SIZE = struct.Struct(">i")
 
 
@@ -36,7 +36,7 @@ class RawKafka:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, api_key: int, version: int, **fields: Any) -> Any | None:
+    def _request_frame(self, api_key: int, version: int, fields: dict[str, Any]) -> bytes:
         request = request_type(api_key, version)
         self.correlation += 1
         client_id = b"raw-test"
@@ -44,8 +44,15 @@ class RawKafka:
         if request.__flexible__:
             head += b"\x00"
         frame = head + encode(build(request, **fields))
+        return _SIZE.pack(len(frame)) + frame
+
+    def send(self, api_key: int, version: int, **fields: Any) -> None:
+        """Send a request and do not read its answer (a client that pipelines and never reads)."""
+        self.sock.sendall(self._request_frame(api_key, version, fields))
+
+    def request(self, api_key: int, version: int, **fields: Any) -> Any | None:
         try:
-            self.sock.sendall(_SIZE.pack(len(frame)) + frame)
+            self.sock.sendall(self._request_frame(api_key, version, fields))
             answer = self._frame()
         except (ConnectionError, OSError):
             return None
@@ -89,22 +96,21 @@ class RawKafka:
     def fetch(self, version: int, topic: str, topic_id: uuid.UUID, partition: int, offset: int,
               max_bytes: int = 1 << 20) -> Any | None:  # fmt: skip
         """One sessionless Fetch of one partition (by name up to v12, by id from v13)."""
+        return self.fetch_many(version, topic, topic_id, {partition: offset}, max_bytes, max_bytes)
+
+    def fetch_many(self, version: int, topic: str, topic_id: uuid.UUID, offsets: dict[int, int], max_bytes: int,
+                   partition_max_bytes: int = 1 << 20) -> Any | None:  # fmt: skip
+        """One sessionless Fetch of several partitions of a topic, in the order of ``offsets``."""
         request = request_type(FETCH, version)
         topic_type = nested(request, "topics")
         part_type = nested(topic_type, "partitions")
-        part = build(
-            part_type,
-            partition=i32(partition),
-            current_leader_epoch=i32(-1),
-            fetch_offset=i64(offset),
-            last_fetched_epoch=i32(-1),
-            log_start_offset=i64(-1),
-            partition_max_bytes=i32(max_bytes),
-        )
+        parts = tuple(build(part_type, partition=i32(p), current_leader_epoch=i32(-1), fetch_offset=i64(o),
+                            last_fetched_epoch=i32(-1), log_start_offset=i64(-1),
+                            partition_max_bytes=i32(partition_max_bytes)) for p, o in offsets.items())  # fmt: skip
         return self.request(
             FETCH, version, replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=100), min_bytes=i32(1),
             max_bytes=i32(max_bytes), isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1),
-            topics=(build(topic_type, topic=topic, topic_id=topic_id, partitions=(part,)),),
+            topics=(build(topic_type, topic=topic, topic_id=topic_id, partitions=parts),),
             forgotten_topics_data=(), rack_id="",
         )  # fmt: skip
 
@@ -116,3 +122,12 @@ def record_bytes(answer: Any) -> int:
 
 def partition_errors(answer: Any) -> list[int]:
     return [int(p.error_code) for t in answer.responses for p in t.partitions]
+
+
+def batch_count(records: bytes | None) -> int:
+    """Record batches in a partition's records (each: base offset int64, then its length int32)."""
+    count, pos, data = 0, 0, records or b""
+    while pos + 12 <= len(data):
+        pos += 12 + int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        count += 1
+    return count

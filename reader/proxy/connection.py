@@ -193,8 +193,9 @@ class ClientConnection:
             plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
         # Read ahead of the broker's answer only for topics it allowed on this connection before: a hint for
         # speed, not a decision (``merge`` sends nothing the broker did not allow in its answer to this request).
-        speculate = bool(plan.remote) and all(part.key in self.fetch_allowed for part in plan.remote)
-        remote = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view) if speculate else None
+        if plan.remote and all(part.key in self.fetch_allowed for part in plan.remote):
+            await loop.run_in_executor(server.remote_pool, plan.read_remote, server.view)
+            plan.limit_upstream()  # the broker is asked for what the remote part left of max_bytes
         sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
         if plan.remote or not sessionless or plan.upstream.topics != request.topics:
             frame = request_frame(head, frame, plan.upstream)
@@ -202,8 +203,6 @@ class ClientConnection:
 
         async def finish(answer: bytearray | None) -> bytes | memoryview | None:
             assert answer is not None
-            if remote is not None:
-                await remote
             body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
             if plan.unread or plan.out_of_range(body):  # remote reads, the catalog: off the event loop
                 body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)

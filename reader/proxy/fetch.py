@@ -47,6 +47,7 @@ from kio.static.primitive import i32, i64
 
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError
 from reader.proxy.protocol import build, nested, response_type
+from reader.proxy.remote_batches import ServedBatches
 from reader.proxy.tiered import TieredView, TopicKey
 from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.logs import get_logger
@@ -156,33 +157,53 @@ class FetchPlan:
 
     # -- remote reads (blocking: run off the event loop) ------------------------------------------
     def read_remote(self, view: TieredView, parts: list[RemotePart] | None = None) -> None:
-        """Read the remote partitions (``parts``, else all) not read yet, within the request's ``max_bytes``.
-        A read before the broker answered is *speculative*: ``merge`` sends only what the broker allowed."""
-        budget = self.max_bytes - sum(len(p.answer.records or b"") for p in self.remote if p.answer is not None)
+        """Read the remote partitions (``parts``, else all) not read yet, within the request's ``max_bytes``:
+        the first partition with data may return one larger batch (Kafka's rule), the others only what fits.
+        Remote partitions come first in an answer (a broker partition that no longer fits is cheap to fetch
+        again; a remote one would be read again from the store). A read before the broker answered is
+        *speculative*: ``merge`` sends only what the broker allowed."""
+        used = self.remote_bytes()
         for part in self.remote if parts is None else parts:
             if part.read:
                 continue
             live = self._live(view, part.topic)
             if live:
                 part.answer = self._partition(view, part.topic, part.partition, part.offset,
-                                              min(part.max_bytes, max(budget, 1)))  # fmt: skip
+                                              min(part.max_bytes, self.max_bytes - used), used == 0)  # fmt: skip
             else:  # another incarnation now (the client asks again, planned on it) or unconfirmed: retriable
                 part.answer = None if live is False else _error(_types(self.version)[2], part.partition,
                                                                  ErrorCode.kafka_storage_error)  # fmt: skip
             part.read = True
             if part.answer is not None and part.answer.records:
-                budget -= len(part.answer.records)
+                used += len(part.answer.records)
+
+    def remote_bytes(self) -> int:
+        """Record bytes read from remote for this answer so far."""
+        return sum(len(p.answer.records or b"") for p in self.remote if p.answer is not None)
+
+    def limit_upstream(self) -> None:
+        """After a speculative read: the broker is asked for what the remote part left of ``max_bytes`` (its
+        first partition with data may still return one batch beyond it: ``merge`` drops that one)."""
+        left = max(0, self.max_bytes - self.remote_bytes())
+        if left < self.max_bytes:
+            self.upstream = dataclasses.replace(self.upstream, max_bytes=i32(left))
 
     @property
     def unread(self) -> bool:
         """Remote partitions are still to be read (``merge`` would block: run it off the event loop)."""
         return any(not part.read for part in self.remote)
 
-    def _partition(self, view: TieredView, topic: TopicKey, partition: int, offset: int, max_bytes: int) -> Any:
+    def _partition(self, view: TieredView, topic: TopicKey, partition: int, offset: int, max_bytes: int,
+                   min_one: bool = True) -> Any:  # fmt: skip
+        """The remote answer for one partition: batches from ``offset`` (none when ``max_bytes`` is used up), an
+        error, or None where the copies do not hold ``offset`` (the broker has it now)."""
         data_type = _types(self.version)[2]
         try:
             offsets = view.broker_offsets(topic, partition)
-            served = view.read(topic, partition, offset, max_bytes, self.read_committed)
+            if max_bytes > 0 or min_one:
+                served = view.read(topic, partition, offset, max(max_bytes, 0), self.read_committed, min_one)
+            else:  # no room left in this answer: the client fetches the same offset again
+                served = ServedBatches(b"", [], offset)
             found = view.remote_range(topic, partition)
         except OffsetOutOfRange:
             return _error(data_type, partition, ErrorCode.offset_out_of_range)
@@ -233,6 +254,8 @@ class FetchPlan:
         if broker.error_code != ErrorCode.none:  # the whole request refused: nothing remote goes out
             self.denied.update(key for key, _ in probes)
             return broker, False
+        if not broker.responses and broker.throttle_time.total_seconds() > 0:
+            return broker, False  # KIP-219: a throttled client gets the broker's empty answer, nothing else
         allowed = []
         for t in broker.responses:
             key = t.topic_id if self.version >= 13 else t.topic
@@ -242,7 +265,8 @@ class FetchPlan:
                     (self.allowed if p.error_code in _ALLOWED else self.denied).add(key)
                     if p.error_code in _ALLOWED:
                         allowed.append(part)
-        self.read_remote(view, allowed)
+        self.read_remote(view, allowed)  # remote partitions first: a broker partition is cheap to fetch again
+        used = self.remote_bytes()  # what goes out, counted as the partitions are placed
         changed = bool(probes)
         responses = []
         for t in broker.responses:
@@ -257,11 +281,16 @@ class FetchPlan:
                         continue
                     if p.error_code == ErrorCode.none:
                         _observe(view, part.topic, p)
-                    if part.answer is not None:  # None: the broker has the offset now, the client asks again
+                    if part.answer is not None:
                         parts.append(part.answer)
                         self.served_remote.add((key, index))
+                    else:  # the broker has the offset now (or a new incarnation): nothing this time, asked again
+                        parts.append(self._nothing(view, part, p))
                     continue
                 name, offset, max_bytes = self.offsets.get((key, index), (None, -1, 0))
+                if p.records and used > 0 and used + len(p.records) > self.max_bytes:
+                    p, changed = dataclasses.replace(p, records=b""), True  # past max_bytes: fetched again
+                used += len(p.records or b"")
                 if name is None:
                     parts.append(p)
                     continue
@@ -269,16 +298,18 @@ class FetchPlan:
                     if (topic := self._known(view, key, name)) is not None:
                         _observe(view, topic, p)
                 elif p.error_code == ErrorCode.offset_out_of_range:
-                    served = self._out_of_range(view, key, name, index, offset, max_bytes)
+                    served = self._out_of_range(view, key, name, index, offset, min(max_bytes, self.max_bytes - used),
+                                                used == 0)  # fmt: skip
                     if served is not None:
                         p, changed = served, True
+                        used += len(p.records or b"")
                         self.served_remote.add((key, index))
                 parts.append(p)
             responses.append(dataclasses.replace(t, partitions=tuple(parts)))
         return dataclasses.replace(broker, responses=tuple(responses)), changed
 
     def _out_of_range(self, view: TieredView, key: Any, name: str, partition: int, offset: int,
-                      max_bytes: int) -> Any | None:  # fmt: skip
+                      max_bytes: int, min_one: bool) -> Any | None:  # fmt: skip
         if self.version >= 13:
             topic: TopicKey | None = TopicKey(name, key)  # the broker's OFFSET_OUT_OF_RANGE: a live id
         else:
@@ -298,7 +329,19 @@ class FetchPlan:
             view.broker_offsets(topic, partition, fresh=True)  # the log start moved: learn where to
         except KafkaClusterError as exc:
             log.warning("asking the broker's offsets failed", topic=name, partition=partition, error=str(exc))
-        return self._partition(view, topic, partition, offset, min(max_bytes, self.max_bytes))
+        return self._partition(view, topic, partition, offset, max_bytes, min_one)
+
+    def _nothing(self, view: TieredView, part: RemotePart, probe: Any) -> Any:
+        """A remote partition answered with no records and no error (a full answer names every partition the
+        client asked: Java's FetchSessionHandler drops one that does not): the broker's offsets from the probe,
+        else the cached ones."""
+        if probe.error_code == ErrorCode.none:
+            return dataclasses.replace(probe, records=b"", aborted_transactions=None)
+        known = view.known_offsets(part.topic, part.partition)
+        log_start, high, stable = (known.log_start, known.high_watermark, known.last_stable) if known else (-1, -1, -1)
+        return build(_types(self.version)[2], partition_index=i32(part.partition), error_code=ErrorCode.none,
+                     high_watermark=i64(high), last_stable_offset=i64(stable), log_start_offset=i64(log_start),
+                     aborted_transactions=None, preferred_read_replica=i32(-1), records=b"")  # fmt: skip
 
     def empty(self, answer: Any) -> bool:
         return not any(p.records or p.error_code != ErrorCode.none for t in answer.responses for p in t.partitions)

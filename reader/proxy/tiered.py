@@ -138,16 +138,19 @@ class TieredView:
             self._offsets[(topic.id, partition)] = BrokerOffsets(log_start, high_watermark, last_stable,
                                                                  time.monotonic())  # fmt: skip
 
-    def known_log_start(self, topic: TopicKey, partition: int) -> int | None:
+    def known_offsets(self, topic: TopicKey, partition: int) -> BrokerOffsets | None:
+        """The broker's offsets as last seen (never asks)."""
         with self._lock:
-            found = self._offsets.get((topic.id, partition))
+            return self._offsets.get((topic.id, partition))
+
+    def known_log_start(self, topic: TopicKey, partition: int) -> int | None:
+        found = self.known_offsets(topic, partition)
         return None if found is None else found.log_start
 
     def probe_offset(self, topic: TopicKey, partition: int) -> int:
         """Where the broker is asked about a partition served from remote (``fetch.py``'s probe): its cached
         high watermark, where it has no record to send; the broker authorises a fetch whatever its offset."""
-        with self._lock:
-            found = self._offsets.get((topic.id, partition))
+        found = self.known_offsets(topic, partition)
         return found.high_watermark if found is not None else 0
 
     def broker_offsets(self, topic: TopicKey, partition: int, *, fresh: bool = False) -> BrokerOffsets:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from deploy.stack import Endpoints
+from tests.kafka_wire import RawKafka, batch_count, partition_errors
 from tests.proxy_harness import check_exact, console_consume, kcat_consume, proxy_bootstrap, proxy_for, read_all
 from tests.reader_harness import TieredTopic, expected, tiered_topic
 from tests.sidecar_harness import write_config
@@ -79,3 +82,70 @@ def test_a_proxy_started_before_any_sidecar_serves_what_is_tiered_later(stack: E
         log_start = t.log_start(0)
     assert log_start > 0
     check_exact([(m.offset(), as_record(m)) for m in got], expected(t.produced, read_committed=False))
+
+
+def test_mixed_fetches_stay_within_fetch_max_bytes(stack: Endpoints, tiered: TieredTopic) -> None:
+    """librdkafka with fetch.max.bytes 128 KiB and receive.message.max.bytes 1.5 times that reads partition 0
+    from remote and partition 1 from the broker in the same fetches: every answer stays within Kafka's limit
+    (a larger one is 'Invalid response size' and a reconnect), and every record arrives once, byte for byte."""
+    starts = {0: 0, 1: tiered.log_start(1)}
+    ends = {p: tiered.end_offset(p) for p in starts}
+    errors: list[str] = []
+    with proxy_for(tiered.config, stack.bootstrap) as proxy:
+        consumer = Consumer({"bootstrap.servers": proxy_bootstrap(proxy), "group.id": f"limits-{uuid.uuid4().hex}",
+                             "enable.auto.commit": False, "fetch.max.bytes": 128 << 10, "message.max.bytes": 64 << 10,
+                             "receive.message.max.bytes": 192 << 10, "isolation.level": "read_uncommitted",
+                             "error_cb": lambda e: errors.append(e.str())})  # fmt: skip
+        try:
+            consumer.assign([TopicPartition(tiered.topic, p, o) for p, o in starts.items()])
+            got: dict[int, list[Any]] = {p: [] for p in starts}
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                for m in consumer.consume(1000, 1.0):
+                    if m.error() is None:
+                        got[m.partition()].append(m)
+                    else:
+                        errors.append(m.error().str())
+                positions = consumer.position([TopicPartition(tiered.topic, p) for p in starts])
+                if all(tp.offset >= ends[tp.partition] for tp in positions):
+                    break
+        finally:
+            consumer.close()
+        remote = proxy.metrics.fetch_partitions.labels("remote")._value.get()
+    assert not errors, errors[:5]
+    assert remote > 0, "nothing was answered from remote storage"
+    for p, messages in got.items():
+        want = {o: r for o, r in expected(tiered.by_partition[p], False).items() if o >= starts[p]}
+        check_exact([(m.offset(), as_record(m)) for m in messages], want)
+
+
+def test_a_mixed_fetch_answer_keeps_kafkas_max_bytes_rule(stack: Endpoints, tiered: TieredTopic) -> None:
+    """A raw Fetch of partition 0 from offset 0 (remote) and partition 1 from its log start (broker) with
+    max_bytes 64 KiB, twice on one connection (the second reads remote data ahead of the broker's answer): the
+    answer's records stay within max_bytes, except when a single partition returns a single larger batch."""
+    topic_id = _topic_id(stack, tiered.topic)
+    limit = 64 << 10
+    with proxy_for(tiered.config, stack.bootstrap) as proxy, RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as raw:
+        assert raw.metadata(tiered.topic) is not None
+        assert raw.fetch_many(12, tiered.topic, topic_id, {0: tiered.log_start(0), 1: tiered.log_start(1)}, 1024)
+        for _ in range(2):
+            answer = raw.fetch_many(12, tiered.topic, topic_id, {0: 0, 1: tiered.log_start(1)}, limit)
+            assert answer is not None and partition_errors(answer) == [0, 0]
+            sizes = {int(p.partition_index): p.records or b"" for t in answer.responses for p in t.partitions}
+            with_data = [r for r in sizes.values() if r]
+            assert sizes[0], "nothing from remote"
+            total = sum(len(r) for r in with_data)
+            assert total <= limit or (len(with_data) == 1 and batch_count(with_data[0]) == 1), (
+                f"{total} bytes of records in {len(with_data)} partitions for max_bytes {limit}"
+            )
+
+
+def _topic_id(stack: Endpoints, topic: str) -> uuid.UUID:
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    tid = admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id
+    return uuid.UUID(
+        int=(tid.get_most_significant_bits() % (1 << 64)) << 64 | tid.get_least_significant_bits() % (1 << 64)
+    )

@@ -12,6 +12,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i16, i32, i64
 
+from reader.errors import NotInRemote
 from reader.proxy.answers import api_versions
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.protocol import (
@@ -126,6 +127,7 @@ class FakeView:
         self.hole = hole
         self.live = live
         self.reads: list[tuple[int, int]] = []
+        self.not_in_remote: set[int] = set()
         self.observed: list[tuple[int, int]] = []
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
@@ -152,9 +154,16 @@ class FakeView:
     def broker_offsets(self, topic: TopicKey, partition: int, fresh: bool = False) -> Any:
         return BrokerOffsets(100, 160, 160, 0.0)
 
-    def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool) -> Any:
+    def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool,
+             min_one: bool = True) -> Any:  # fmt: skip
+        if offset in self.not_in_remote:
+            raise NotInRemote(topic.name, partition, offset, 40)
         self.reads.append((partition, offset))
-        return ServedBatches(b"r" * 10, [], offset + 1)
+        fits = min_one or max_bytes >= 10
+        return ServedBatches(b"r" * 10 if fits else b"", [], offset + 1 if fits else offset)
+
+    def known_offsets(self, topic: TopicKey, partition: int) -> Any:
+        return BrokerOffsets(100, 160, 160, 0.0)
 
     def remote_range(self, topic: TopicKey, partition: int, current: bool = False) -> tuple[int, int]:
         return (0, 150)
@@ -163,7 +172,8 @@ class FakeView:
         self.observed.append((partition, log_start))
 
 
-def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int] = (5, 3)) -> Any:
+def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int] = (5, 3),
+                  max_bytes: int = 50 << 20) -> Any:  # fmt: skip
     t = request_type(1, version)
     topic_type = nested(t, "topics")
     part_type = nested(topic_type, "partitions")
@@ -171,7 +181,7 @@ def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int
                         last_fetched_epoch=i32(-1), log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20))
                   for p, o in offsets.items())  # fmt: skip
     return build(t, replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=500), min_bytes=i32(1),
-                 max_bytes=i32(50 << 20), isolation_level=i8(1), session_id=i32(session[0]),
+                 max_bytes=i32(max_bytes), isolation_level=i8(1), session_id=i32(session[0]),
                  session_epoch=i32(session[1]), topics=(build(topic_type, topic="t", topic_id=TOPIC_ID,
                  partitions=parts),), forgotten_topics_data=(), rack_id="")  # fmt: skip
 
@@ -201,7 +211,8 @@ def test_fetch_all_remote_still_asks_the_broker_and_holes_move_to_the_log_start(
     assert [int(p.fetch_offset) for t in confirmed.upstream.topics for p in t.partitions] == [100]
 
 
-def broker_answer(version: int, key: Any, codes: dict[int, ErrorCode], top: ErrorCode = ErrorCode.none) -> Any:
+def broker_answer(version: int, key: Any, codes: dict[int, ErrorCode], top: ErrorCode = ErrorCode.none,
+                  throttled: int = 0) -> Any:  # fmt: skip
     """The broker's Fetch answer: each partition with its error code (records only where none: a batch the
     probe was not meant to get)."""
     response = response_type(1, version)
@@ -212,8 +223,8 @@ def broker_answer(version: int, key: Any, codes: dict[int, ErrorCode], top: Erro
                         preferred_read_replica=i32(-1), records=b"b" * 7 if code == ErrorCode.none else None)
                   for p, code in codes.items())  # fmt: skip
     topics = (build(topic_type, topic="t", topic_id=key, partitions=parts),)
-    return build(response, throttle_time=datetime.timedelta(0), error_code=top, session_id=i32(0), responses=topics,
-                 node_endpoints=())  # fmt: skip
+    return build(response, throttle_time=datetime.timedelta(milliseconds=throttled), error_code=top,
+                 session_id=i32(0), responses=topics if codes else (), node_endpoints=())  # fmt: skip
 
 
 @pytest.mark.parametrize("version", [12, 13])
@@ -289,12 +300,13 @@ def test_a_fetch_by_name_of_a_topic_created_again_is_not_answered_from_the_delet
 ) -> None:
     """Fetch v4-12 names the topic: the broker allows the probe of the new topic of that name, and only the
     cluster's id for the name, asked now, shows that the learned id (and its copies) is a deleted topic's. The
-    partition is left out of the answer (the client asks again) and nothing is read."""
+    partition is answered with no records and no error (the client asks again) and nothing is read."""
     view = FakeView(live=uuid.UUID(int=8))
     plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}), view)  # type: ignore[arg-type]
     plan.read_remote(view)  # type: ignore[arg-type]  # read ahead of the broker's answer: confirmed first too
     merged, _ = plan.merge(broker_answer(12, "t", {0: code, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
-    assert [int(p.partition_index) for t in merged.responses for p in t.partitions] == [1]
+    assert _sizes(merged) == {0: 0, 1: 7}
+    assert [int(p.error_code) for t in merged.responses for p in t.partitions] == [0, 0]
     assert view.reads == [] and not plan.served_remote
 
 
@@ -326,3 +338,42 @@ def test_a_name_created_again_forgets_the_old_incarnation() -> None:
     assert view.known_key("t") == new and view.known_log_start(old, 0) is None and view.known_log_start(new, 0) == 0
     assert dropped.ids == [old.kafka_id] and dropped.names == ["t"]
     assert old.kafka_id == "AAAAAAAAAAAAAAAAAAAABw"
+
+
+def _sizes(answer: Any) -> dict[int, int]:
+    return {int(p.partition_index): len(p.records or b"") for t in answer.responses for p in t.partitions}
+
+
+def test_a_mixed_answer_stays_within_max_bytes() -> None:
+    """max_bytes 12: the remote batch of 10 comes first, so the broker's 7 bytes wait (only the first partition
+    with data may exceed the limit; the client fetches them again); read ahead of the broker's answer, the
+    broker is asked for the 2 bytes left, and its one larger batch is dropped likewise. With max_bytes 20 both
+    fit."""
+    view = FakeView()
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}, max_bytes=12), view)  # type: ignore[arg-type]
+    merged, _ = plan.merge(broker_answer(12, "t", {0: ErrorCode.none, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
+    assert _sizes(merged) == {0: 10, 1: 0}
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}, max_bytes=20), view)  # type: ignore[arg-type]
+    merged, _ = plan.merge(broker_answer(12, "t", {0: ErrorCode.none, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
+    assert _sizes(merged) == {0: 10, 1: 7}
+    view = FakeView()
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}, max_bytes=12), view)  # type: ignore[arg-type]
+    plan.read_remote(view)  # type: ignore[arg-type]
+    plan.limit_upstream()
+    assert int(plan.upstream.max_bytes) == 2
+    merged, _ = plan.merge(broker_answer(12, "t", {0: ErrorCode.none, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
+    assert _sizes(merged) == {0: 10, 1: 0}
+
+
+def test_an_answer_names_every_partition_asked_and_a_throttled_one_stays_empty() -> None:
+    """A full fetch's answer names every partition (Java drops one that omits a partition), also where the
+    copies no longer hold the offset; the broker's throttled empty answer (KIP-219) goes out as it is."""
+    view = FakeView()
+    view.not_in_remote.add(50)
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50, 1: 7}), view)  # type: ignore[arg-type]
+    merged, _ = plan.merge(broker_answer(12, "t", {0: ErrorCode.none, 1: ErrorCode.none}), view)  # type: ignore[arg-type]
+    parts = {int(p.partition_index): p for t in merged.responses for p in t.partitions}
+    assert set(parts) == {0, 1} and parts[0].error_code == ErrorCode.none and not parts[0].records
+    throttled = broker_answer(12, "t", {}, throttled=500)
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50}), FakeView())  # type: ignore[arg-type]
+    assert plan.merge(throttled, FakeView())[0] is throttled  # type: ignore[arg-type]
