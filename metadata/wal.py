@@ -69,6 +69,7 @@ class MetadataWal:
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
         self._admin_client: AdminClient | None = None
+        self._retired_admin: AdminClient | None = None  # the client ``_replace_admin`` replaced
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
         self._reading = 0  # read() calls whose consumer is not closed yet
@@ -270,13 +271,15 @@ class MetadataWal:
 
     def _list_offsets(self, spec: OffsetSpec, what: str, partitions: Iterable[int] | None) -> dict[int, int]:
         """The offsets of ``spec``, asked again after each refresh of the leaders until ``timeout`` passes, and at
-        least once: a request sent to a leader that went away (its broker stopped) waits until it times out, and
-        librdkafka's admin client refreshes its cached leaders only when asked to."""
+        least once. A request nobody answered went to a leader whose broker stopped: librdkafka's admin client
+        keeps such a broker as the leader, and as the controller its DescribeTopics waits for, until its
+        periodic refresh; it is replaced by a fresh client, which learns both from the live brokers."""
         deadline = time.monotonic() + self.timeout
         chosen = range(self.partitions) if partitions is None else sorted(partitions)
         wanted = {TopicPartition(self.topic, p): spec for p in chosen}
         refreshed = False
         while True:
+            unanswered: list[int] = []
             try:
                 futures = self._admin().list_offsets(wanted, request_timeout=self.timeout)
                 found = {tp.partition: f.result().offset for tp, f in futures.items()}
@@ -289,8 +292,15 @@ class MetadataWal:
                 problem = f"no answer for partitions {unanswered} within {self.timeout:.0f}s"
             if refreshed and time.monotonic() > deadline:  # a new topic: leaders may still be moving
                 raise WalError(f"reading the {what} offsets of {self.topic}: {problem}")
+            if unanswered:
+                self._replace_admin()
             self._refresh_leaders()
             refreshed = True
+
+    def _replace_admin(self) -> None:
+        """Use a fresh admin client from now on. The old one is kept until the next replacement or ``close()``:
+        dropping it would destroy its handle under a request another thread may have in flight on it."""
+        self._retired_admin, self._admin_client = self._admin_client, None
 
     def gap(self, partition: int, expected: int, found: str) -> WalGap:
         """The error for records missing before ``expected`` in ``partition``: what was found instead."""
@@ -434,7 +444,7 @@ class MetadataWal:
             producer.close()
         with self._read_done:  # every read() returns within one poll once closed, closing its consumer
             self._read_done.wait_for(lambda: self._reading == 0, timeout=5)
-        self._admin_client = None  # last: a reader's integrity check may still be using it
+        self._admin_client = self._retired_admin = None  # last: a reader's integrity check may still be using it
 
 
 _OPEN: weakref.WeakSet[MetadataWal] = weakref.WeakSet()
