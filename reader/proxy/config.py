@@ -15,9 +15,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from reader.config import MIB, ReaderSettings
+from reader.proxy.budget import SMALL_FRAME
 from tiering_core.errors import ConfigError
 from tiering_core.kafka_client import client_properties
 from tiering_core.settings import load_settings_file
+
+# What the proxy holds besides its budgets, estimated from above. The process itself: the interpreter,
+# kio's schemas, the Kafka and S3 clients, the catalog of a few thousand partitions, threads' stacks in use.
+BASE_BYTES = 192 * MIB
+# One connection besides its budgeted frames: the client stream's buffer (up to twice READ_LIMIT before
+# asyncio pauses it), the small answers it may hold beyond the answer budget (two, see
+# reader/proxy/budget.py), the client transport's buffer after a drain (asyncio's 64 KiB high-water mark),
+# and its objects (tasks, slots, a parsed request).
+READ_LIMIT = 64 * 1024
+CONNECTION_BYTES = 2 * READ_LIMIT + 2 * SMALL_FRAME + 64 * 1024 + 64 * 1024
 
 
 class ProxyTls(BaseModel):
@@ -68,8 +79,10 @@ class ProxyListen(BaseModel):
     )
     tls: ProxyTls | None = Field(default=None, description="TLS towards clients; plaintext when absent.")
     max_connections: int = Field(
-        default=10_000, ge=1, description="Client connections at once; past it a new one is closed at once."
-    )
+        default=2_000, ge=1,
+        description="Client connections at once; past it a new one is closed at once. Each may cost up to "
+        "CONNECTION_BYTES (384 KiB) besides the budgets (max_memory_bytes).",
+    )  # fmt: skip
     max_frame_bytes: int = Field(
         default=100 * MIB, ge=64 * 1024,
         description="Largest request a client may send (Kafka's socket.request.max.bytes); a larger size "
@@ -104,6 +117,38 @@ class ProxyListen(BaseModel):
         "up to prefetch_windows windows of the shared memory pool).",
     )  # fmt: skip
     remote_threads: int = Field(default=16, ge=1, le=256, description="Threads answering remote reads at once.")
+    offsets_threads: int = Field(
+        default=4, ge=1, le=64,
+        description="Threads answering ListOffsets and OffsetForLeaderEpoch (and asking the cluster for its "
+        "brokers): apart from the remote reads', so a queue of reads never delays an offsets answer.",
+    )  # fmt: skip
+    remote_memory_wait_seconds: float = Field(
+        default=1.0, gt=0,
+        description="How long a remote read waits for room in the memory pool (read-ahead is evicted first); "
+        "past it the partition is answered without records this time and the client asks again.",
+    )  # fmt: skip
+    fetch_max_bytes: int = Field(
+        default=55 * MIB, ge=1024,
+        description="The largest answer a Fetch may ask for (the broker's fetch.max.bytes): a request's max_bytes "
+        "above it is lowered to it before it is forwarded.",
+    )  # fmt: skip
+    answer_buffer_bytes: int = Field(
+        default=128 * MIB, ge=1 * MIB,
+        description="Answers held for clients over all connections (the broker's answers received, remote answers "
+        "being built and sent), until the kernel took them. Past it reading from brokers pauses and remote "
+        "reads wait. At least twice fetch_max_bytes (a remote answer is held as records and as encoded).",
+    )  # fmt: skip
+    request_buffer_bytes: int = Field(
+        default=128 * MIB, ge=1 * MIB,
+        description="Requests being read from clients over all connections, until forwarded; past it reading "
+        "requests waits. At least max_frame_bytes.",
+    )  # fmt: skip
+    max_memory_bytes: int = Field(
+        default=2048 * MIB, ge=64 * MIB,
+        description="The proxy's memory bound, checked at start against what the other settings let it hold: "
+        "BASE_BYTES + prefetch_pool_bytes + answer_buffer_bytes + 2 x request_buffer_bytes (a request is copied "
+        "once as it is read) + max_connections x CONNECTION_BYTES. Set the service's memory limit above it.",
+    )  # fmt: skip
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics on this port (host as above); none if unset."
     )
@@ -121,6 +166,34 @@ class ProxyListen(BaseModel):
 
 class ProxySettings(ReaderSettings):
     proxy: ProxyListen = Field(default_factory=ProxyListen, description="The Kafka-protocol access layer.")
+
+    @model_validator(mode="after")
+    def _memory(self) -> ProxySettings:
+        """One bound on the proxy's memory: the budgets must fit in ``max_memory_bytes``, and a single answer or
+        request must fit in its budget (a frame larger than the whole budget would wait for an empty one)."""
+        p = self.proxy
+        if 2 * p.fetch_max_bytes > p.answer_buffer_bytes:
+            raise ValueError(f"proxy.answer_buffer_bytes ({p.answer_buffer_bytes}) must be at least twice "
+                             f"proxy.fetch_max_bytes ({p.fetch_max_bytes})")  # fmt: skip
+        if p.max_frame_bytes > p.request_buffer_bytes:
+            raise ValueError(f"proxy.request_buffer_bytes ({p.request_buffer_bytes}) must be at least "
+                             f"proxy.max_frame_bytes ({p.max_frame_bytes})")  # fmt: skip
+        needed = self.memory_needed()
+        if needed > p.max_memory_bytes:
+            raise ValueError(
+                f"proxy.max_memory_bytes ({p.max_memory_bytes}) is below what the settings let the proxy hold "
+                f"({needed}): {BASE_BYTES} for the process + prefetch_pool_bytes ({self.prefetch_pool_bytes}) + "
+                f"proxy.answer_buffer_bytes ({p.answer_buffer_bytes}) + 2 x proxy.request_buffer_bytes "
+                f"({p.request_buffer_bytes}) + proxy.max_connections ({p.max_connections}) x {CONNECTION_BYTES}; "
+                "raise max_memory_bytes (and the service's memory limit) or lower the others"
+            )
+        return self
+
+    def memory_needed(self) -> int:
+        """What the settings let the proxy hold at most (``max_memory_bytes``' check)."""
+        p = self.proxy
+        return (BASE_BYTES + self.prefetch_pool_bytes + p.answer_buffer_bytes + 2 * p.request_buffer_bytes
+                + p.max_connections * CONNECTION_BYTES)  # fmt: skip
 
     def sasl_listener(self) -> bool:
         """The brokers' listener that clients reach through the proxy needs SASL (``kafka_client``'s

@@ -12,20 +12,30 @@ The connection to the broker is opened at the first request: a client that never
 broker connection. Whatever goes wrong with a connection (a garbage or oversized frame, a request that
 stops half way, a broker that goes away) closes that connection, and its broker connection, with a log
 line; the process and every other connection go on.
+
+Memory (docs/design.md, "Memory and backpressure"): a request's bytes are taken from the server's request
+budget while it is read and forwarded; the broker's answers and remote answers from its answer budget until
+the client's socket took them. A client that stops reading holds one answer being written: the writing
+task waits for it (at most ``idle_timeout_seconds``, then the connection closes), so its broker connection
+stops being read (``FrameProtocol``) and no remote read starts ahead for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kio.static.primitive import i32
+
 from reader.proxy import answers
 from reader.proxy.authentication import Authentication
+from reader.proxy.budget import ByteBudget
 from reader.proxy.fetch import FETCH, FetchPlan
 from reader.proxy.frames import FrameProtocol
 from reader.proxy.protocol import (
@@ -72,12 +82,14 @@ class Slot:
     upstream: bool  # the broker answers it (the next frame from the broker is its answer)
     finish: Finish | None  # completes the answer; None: the broker's bytes go out unchanged
     source: str = "broker"
+    held: int = 0  # answer budget bytes taken for a remote answer, given back once it is out
 
 
 async def read_frame(reader: asyncio.StreamReader, max_bytes: Callable[[], int], first_timeout: float | None,
-                     rest_timeout: float, who: str) -> bytes | None:  # fmt: skip
+                     rest_timeout: float, who: str, budget: ByteBudget) -> bytes | None:  # fmt: skip
     """The next frame's bytes (no size prefix); None at a clean end of stream. ``max_bytes()`` is asked when
-    the size has arrived (the limit rises once the connection has authenticated)."""
+    the size has arrived (the limit rises once the connection has authenticated). The frame's size is taken
+    from ``budget`` before it is read; the caller gives it back."""
     try:
         async with asyncio.timeout(first_timeout):
             head = await reader.readexactly(4)
@@ -91,13 +103,19 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: Callable[[], int],
     limit = max_bytes()
     if size < 0 or size > limit:
         raise ConnectionClosed("oversized", f"{who} sent a frame of {size} bytes (at most {limit})")
+    await budget.take(size)
+    frame = None
     try:
         async with asyncio.timeout(rest_timeout):
-            return await reader.readexactly(size)
+            frame = await reader.readexactly(size)
+        return frame
     except asyncio.IncompleteReadError:
         raise ConnectionClosed("truncated", f"{who} closed inside a frame of {size} bytes") from None
     except TimeoutError:
         raise ConnectionClosed("stalled", f"{who} stopped sending inside a frame of {size} bytes") from None
+    finally:
+        if frame is None:
+            budget.release(size)
 
 
 class ClientConnection:
@@ -112,6 +130,7 @@ class ClientConnection:
         self.upstream: FrameProtocol | None = None
         self.auth = Authentication(server.settings.sasl_listener())
         self.fetch_allowed: set[Any] = set()  # topic keys whose remote reads may start before the broker answers
+        self.remote_held = 0  # answer budget bytes taken for this connection's remote answers not yet out
 
     async def serve(self) -> None:
         tasks = [asyncio.create_task(self._read_requests()), asyncio.create_task(self._write_answers())]
@@ -136,6 +155,8 @@ class ClientConnection:
                 task.cancel()
             if self.upstream is not None:
                 self.upstream.close()
+            self.server.answers.release(self.remote_held)
+            self.remote_held = 0
             self.client_writer.close()
             with contextlib.suppress(Exception):
                 await self.client_writer.wait_closed()
@@ -145,11 +166,14 @@ class ClientConnection:
         s = self.settings
         while True:
             frame = await read_frame(self.client_reader, self._max_frame, s.idle_timeout_seconds,
-                                     s.frame_timeout_seconds, f"client {self.peer}")  # fmt: skip
+                                     s.frame_timeout_seconds, f"client {self.peer}", self.server.requests)  # fmt: skip
             if frame is None:
                 await self.slots.put(None)
                 return
-            slot = await self._route(frame)
+            try:
+                slot = await self._route(frame)
+            finally:
+                self.server.requests.release(len(frame))  # forwarded (or the connection is closing)
             if slot is not None:
                 await self.slots.put(slot)
 
@@ -186,6 +210,9 @@ class ClientConnection:
     async def _fetch(self, frame: bytes, version: int, correlation_id: int, started: float) -> Slot:
         head = read_request_head(frame)
         request = parse(request_type(FETCH, version), frame, head.body)
+        clamped = int(getattr(request, "max_bytes", 0)) > self.settings.fetch_max_bytes
+        if clamped:  # the broker's fetch.max.bytes: one answer always fits the answer budget (config.py)
+            request = dataclasses.replace(request, max_bytes=i32(self.settings.fetch_max_bytes))
         server = self.server
         loop = asyncio.get_running_loop()
         plan = FetchPlan.make(version, request, server.view)
@@ -193,17 +220,27 @@ class ClientConnection:
             plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
         # Read ahead of the broker's answer only for topics it allowed on this connection before: a hint for
         # speed, not a decision (``merge`` sends nothing the broker did not allow in its answer to this request).
-        if plan.remote and all(part.key in self.fetch_allowed for part in plan.remote):
+        held = 0  # answer budget taken for the remote answer
+        charge = self._remote_charge(plan, [part.max_bytes for part in plan.remote])
+        if plan.remote and all(part.key in self.fetch_allowed for part in plan.remote) and self._take_ahead(charge):
+            held = charge
             await loop.run_in_executor(server.remote_pool, plan.read_remote, server.view)
             plan.limit_upstream()  # the broker is asked for what the remote part left of max_bytes
         sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
-        if plan.remote or not sessionless or plan.upstream.topics != request.topics:
+        if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
             frame = request_frame(head, frame, plan.upstream)
         await self._forward(frame)
 
         async def finish(answer: bytearray | None) -> bytes | memoryview | None:
             assert answer is not None
             body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
+            nonlocal held
+            if not held and (plan.unread or plan.out_of_range(body)):  # remote records to come: room first
+                want = self._remote_charge(plan, [max_bytes for _, _, max_bytes in plan.offsets.values()])
+                held = server.answers.take_upto(want)
+                self.remote_held += held
+                if held < want:  # a smaller answer now rather than a wait behind clients that do not read
+                    plan.max_bytes = held // 2
             if plan.unread or plan.out_of_range(body):  # remote reads, the catalog: off the event loop
                 body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
             elif plan.remote:
@@ -216,12 +253,39 @@ class ClientConnection:
             rewritten = server.router.rewrite(FETCH, body)
             changed = changed or rewritten is not body
             body = rewritten
+            slot.held = held = self._account(held, body) if changed else held  # ``slot`` is bound below, first
             server.count_fetch(body, plan)
             if plan.remote and plan.empty(body):
                 await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
             return response_frame(correlation_id, FETCH, version, body) if changed else None
 
-        return Slot(FETCH, version, correlation_id, started, True, finish, "remote" if plan.remote else "broker")
+        slot = Slot(FETCH, version, correlation_id, started, True, finish, "remote" if plan.remote else "broker")
+        return slot
+
+    def _remote_charge(self, plan: FetchPlan, partition_max_bytes: list[int]) -> int:
+        """Answer budget for a remote answer: its records (a partition gives at most one window's batches, the
+        answer at most max_bytes) held twice while it is built, as records and encoded."""
+        window = self.server.settings.fetch_window_bytes
+        return 2 * min(plan.max_bytes, sum(min(m, window) for m in partition_max_bytes))
+
+    def _account(self, held: int, body: Any) -> int:
+        """The answer budget an encoded answer holds: its records twice (parsed and encoded), counted even when
+        that is beyond what was taken (the first partition with data may bring one batch beyond the room)."""
+        need = 2 * sum(len(p.records or b"") for t in body.responses for p in t.partitions)
+        if need > held:
+            self.server.answers.force(need - held)
+            self.remote_held += need - held
+            return need
+        return held
+
+    def _take_ahead(self, charge: int) -> bool:
+        """Whether a remote read may start before the broker answers: the client is taking its answers (none
+        waits in the transport) and the answer budget has room now. Otherwise it is read when the broker's
+        answer is merged, within the room free then."""
+        if self.client_writer.transport.get_write_buffer_size() or not self.server.answers.take_now(charge):
+            return False
+        self.remote_held += charge
+        return True
 
     def _rewriting(self, api_key: int, version: int, correlation_id: int) -> Finish:
         async def finish(answer: bytearray | None) -> bytes | memoryview | None:
@@ -253,7 +317,7 @@ class ClientConnection:
             assert answer is not None
             body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
             loop = asyncio.get_running_loop()
-            new = await loop.run_in_executor(self.server.remote_pool, complete, request, body, self.server.view)
+            new = await loop.run_in_executor(self.server.offsets_pool, complete, request, body, self.server.view)
             return None if new == body else response_frame(correlation_id, api_key, version, new)
 
         return finish
@@ -295,8 +359,24 @@ class ClientConnection:
             else:
                 writer.write(out)
                 size = len(out)
-            await writer.drain()
+            await self._drain()
+            if answer is not None:
+                self.upstream.done(len(answer))  # type: ignore[union-attr]
+            if slot.held:
+                self.server.answers.release(slot.held)
+                self.remote_held -= slot.held
             self.server.metrics.answered(slot.api_key, slot.source, size, time.perf_counter() - slot.started)
+
+    async def _drain(self) -> None:
+        """Wait until the client took the answer (all but asyncio's high-water mark of it). A client that takes
+        nothing for ``idle_timeout_seconds`` is idle (Kafka's connections.max.idle.ms counts both directions):
+        its connection closes and the bytes it held go back to the budgets."""
+        timeout = self.settings.idle_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                await self.client_writer.drain()
+        except TimeoutError:
+            raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s") from None
 
 
 def _acks(frame: bytes, version: int) -> int:

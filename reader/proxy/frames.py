@@ -5,6 +5,13 @@ the frame out and moves the rest of the buffer down: three copies of a 1 MiB Fet
 proxy looks at it (py-spy: the largest part of a pass-through read). ``FrameProtocol`` is a
 ``BufferedProtocol``: the size prefix is read first, then the kernel writes the frame straight into a
 buffer of exactly its size, which is handed on whole.
+
+It is also where a client that does not read its answers stops the broker (Kroxylicious toggles autoRead
+the same way): reading from the broker pauses while a received answer waits for the writing task, which
+itself waits until the client took the answer before (``ClientConnection._write_answers``), so a
+connection holds at most two answers. Each frame's bytes are taken from the proxy's answer budget
+(``reader/proxy/budget.py``) when its size arrives; without room reading stays paused until there is.
+The writing task gives them back with ``done`` once the answer is out.
 """
 
 from __future__ import annotations
@@ -13,14 +20,19 @@ import asyncio
 import collections
 import struct
 
+from reader.proxy.budget import ByteBudget
+
 _SIZE = struct.Struct(">i")
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
     """Frames from one connection, in order; ``next_frame()`` returns None at the end of the stream."""
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, max_frame: int, budget: ByteBudget) -> None:
         self.max_frame = max_frame
+        self.budget = budget
+        self.held = 0  # bytes taken from the budget for frames not yet done
+        self.waiting: asyncio.Task[None] | None = None  # room for the frame whose size arrived
         self.transport: asyncio.Transport | None = None
         self.frames: collections.deque[bytearray | BaseException | None] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
@@ -51,12 +63,47 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 assert self.transport is not None
                 self.transport.close()
                 return
-            self.frame, self.filled = bytearray(size), 0
+            if not self.budget.take_now(size):
+                assert self.transport is not None
+                self.transport.pause_reading()
+                self.waiting = asyncio.get_running_loop().create_task(self._room(size))
+                return
+            self._start(size)
             if size:
                 return
         if self.filled == len(self.frame):
             frame, self.frame, self.filled = self.frame, None, 0
             self._push(frame)
+            self._flow()
+
+    def _start(self, size: int) -> None:
+        """Receive a frame of ``size`` bytes, taken from the budget."""
+        self.held += size
+        self.frame, self.filled = bytearray(size), 0
+
+    async def _room(self, size: int) -> None:
+        await self.budget.take(size)
+        self.waiting = None
+        self._start(size)
+        self._flow()
+
+    def _flow(self) -> None:
+        """Read from the broker only while no frame waits for room and no received answer waits for the
+        writing task."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.waiting is not None or any(isinstance(f, bytearray) for f in self.frames):
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def done(self, size: int) -> None:
+        """The writing task is finished with a frame of ``size`` bytes (its answer is out): give them back
+        (unless ``close`` gave back everything already)."""
+        size = min(size, self.held)
+        self.held -= size
+        self.budget.release(size)
 
     def eof_received(self) -> bool:
         self._push(None)
@@ -64,6 +111,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._push(exc if exc is not None else None)
+        if self.waiting is not None:  # no more frame comes: the answers received stay until close()
+            self.waiting.cancel()
+            self.waiting = None
         if self.drained is not None and not self.drained.done():
             self.drained.set_exception(exc or ConnectionError("connection closed"))
 
@@ -79,6 +129,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         item = self.frames.popleft()
         if item is None:
             self.frames.appendleft(None)  # the end stays the end
+        self._flow()
         if isinstance(item, BaseException):
             raise item
         return item
@@ -105,3 +156,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+        self._free()
+
+    def _free(self) -> None:
+        """The connection is over: every byte it held goes back to the budget."""
+        if self.waiting is not None:
+            self.waiting.cancel()
+            self.waiting = None
+        self.frames = collections.deque(f for f in self.frames if not isinstance(f, bytearray))
+        self.frame = None
+        self.budget.release(self.held)
+        self.held = 0

@@ -12,6 +12,14 @@ decoded or re-encoded, every batch's CRC-32C is checked and offsets must lie ins
 offset each continues at (a topic deleted and created again under its name is another id), so a
 client's next fetch finds its read-ahead ready; several clients reading one partition at different
 offsets get a cursor each. Cursors are caches: evicting one only costs read-ahead.
+
+Read-ahead is best effort. Every downloaded window a cursor holds while no read is using it (the windows
+ahead, and the head window between two fetches) is marked evictable in the memory pool, so another
+partition's read needed now takes that room back instead of waiting for a fetch that may never come
+(one consumer's twelve cursors once held the whole pool while its thirteenth partition waited). A read
+waits at most ``memory_wait`` seconds for room (``MemoryBusy``); the served batches are copied out of the
+window, so the window's pool bytes are all the memory it holds and an answer's records are the
+connection's to account for (``reader/proxy/budget.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +30,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from reader.batches import check_offsets, complete_prefix, scanned_headers
-from reader.errors import RemoteDataCorrupt
+from reader.errors import RemoteDataCorrupt, RemoteReadError
 from reader.remote import RemoteReader, verify_crcs
 from reader.segments import SegmentCopy
 from reader.txn import TxnView
 from reader.windows import windows_from
 from tiering_core.formats import AbortedTxn, BatchHeader
+
+
+class MemoryBusy(RemoteReadError):
+    """No room in the memory pool for the window a read needs, within the wait allowed: the partition is
+    answered without records this time (every wait of the access layer is bounded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +55,27 @@ class ServedBatches:
 
 
 class _Window:
-    __slots__ = ("copy", "end", "future", "reserved", "start")
+    """``future``, ``reserved`` and ``taken`` change under the pool's lock (``MemoryPool.cond``): the pool
+    evicts windows from other threads."""
+
+    __slots__ = ("copy", "end", "future", "reserved", "start", "taken")
 
     def __init__(self, copy: SegmentCopy, start: int, end: int) -> None:
         self.copy, self.start, self.end = copy, start, end
         self.future: Future[bytes] | None = None
         self.reserved = 0
+        self.taken = False  # the head window while a read uses it: not evictable
 
 
 class BatchCursor:
     """One partition from ``position`` on. One caller at a time (the cache hands it out exclusively); the
     next copy is located ahead on a download thread, so a copy's end costs no wait (KIP-1003's idea)."""
 
-    def __init__(self, reader: RemoteReader, topic: str, topic_id: str, partition: int, position: int) -> None:
+    def __init__(self, reader: RemoteReader, topic: str, topic_id: str, partition: int, position: int,
+                 memory_wait: float) -> None:  # fmt: skip
         self.reader = reader
+        self.pool = reader.pool
+        self.memory_wait = memory_wait
         self.topic, self.topic_id, self.partition = topic, topic_id, partition
         self.position = position
         self.copy: SegmentCopy | None = None
@@ -73,12 +93,66 @@ class BatchCursor:
         (Kafka's rule for the first partition with data in an answer; without it such a batch waits for the
         next fetch). Raises NotInRemote at the remote end (the broker has the rest), OffsetOutOfRange below
         the remote start, and the store's read errors (nothing is skipped: the next read retries at the
-        same offset)."""
+        same offset); MemoryBusy leaves the cursor as it was."""
+        head = self._hold_head()
         try:
             return self._read(max_bytes, read_committed, min_one)
+        except MemoryBusy:
+            raise
         except BaseException:
             self.close()  # planned afresh from ``position`` next time
             raise
+        finally:
+            self._idle_head(head)
+
+    # -- what the pool may take back --------------------------------------------------------------
+    def _hold_head(self) -> _Window | None:
+        """The head window, no longer evictable while this read uses it (its data may have been evicted
+        between fetches: ``_read`` then downloads it again)."""
+        with self.pool.cond:
+            head = self.windows[0] if self.windows else None
+            if head is not None:
+                self.pool.unmark(id(head))
+                head.taken = self.data is not None
+            return head
+
+    def _idle_head(self, before: _Window | None) -> None:
+        """Between fetches the head window's data is read-ahead too: evictable."""
+        with self.pool.cond:
+            if before is not None:
+                before.taken = False
+            head = self.windows[0] if self.windows else None
+            if head is not None and self.data is not None and head.reserved:
+                head.taken = False
+                self.pool.mark_evictable(id(head), head.reserved, lambda: self._evict_head(head))
+
+    def _evict_head(self, w: _Window) -> bool:
+        """Called by the pool (its lock held): drop the idle head window's data; the next read gets it again."""
+        if w.taken or not self.windows or self.windows[0] is not w:
+            return False
+        self.data, self.headers, self.next_batch = None, [], 0
+        w.future = None
+        self._give_back(w)
+        return True
+
+    def _evict_ahead(self, w: _Window) -> bool:
+        """Called by the pool (its lock held): drop a downloaded read-ahead window that no read uses."""
+        if w.taken or w.future is None or not w.future.done():
+            return False
+        w.future = None
+        self._give_back(w)
+        return True
+
+    def _downloaded(self, w: _Window) -> None:
+        """A read-ahead download ended (on a download thread): its window may now be evicted."""
+        with self.pool.cond:
+            if w.reserved and not w.taken:
+                self.pool.mark_evictable(id(w), w.reserved, lambda: self._evict_ahead(w))
+
+    def _give_back(self, w: _Window) -> None:
+        if w.reserved:
+            self.pool.release(w.reserved)
+            w.reserved = 0
 
     def _read(self, max_bytes: int, read_committed: bool, min_one: bool) -> ServedBatches:
         while True:
@@ -106,7 +180,7 @@ class BatchCursor:
                     return ServedBatches(b"", [], self.position, blocked=True)
                 j = i + len(chosen)
             first, last = chosen[0], chosen[-1]
-            view = memoryview(self.data)[first.position : last.position + last.size]
+            records = bytes(memoryview(self.data)[first.position : last.position + last.size])  # see the docstring
             aborted = []
             if read_committed and self.txns is not None:
                 aborted = [a for a in self.txns.aborted
@@ -114,7 +188,7 @@ class BatchCursor:
             self.next_batch = j
             self.position = last.last_offset + 1
             self._fill()
-            return ServedBatches(view, aborted, self.position, blocked)
+            return ServedBatches(records, aborted, self.position, blocked)
 
     def _next_window(self) -> None:
         """Take the head window (the next copy's first, located ahead or now, when this copy is done)."""
@@ -165,11 +239,15 @@ class BatchCursor:
             planned = list(self.windows)[: ahead + 1]
             tail = self.windows[-1] if self.windows else None
         for w in planned:
-            if w.future is None:
-                if not self.reader.pool.try_reserve(w.end - w.start):
+            with self.pool.cond:
+                if w.future is not None or w.taken:
+                    continue
+                if not self.pool.try_reserve(w.end - w.start):
                     break
                 w.reserved = w.end - w.start
-                w.future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end, cacheable=True)
+                w.future = future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end,
+                                                                cacheable=True)  # fmt: skip
+            future.add_done_callback(lambda _, w=w: self._downloaded(w))  # type: ignore[misc]
         if tail is not None and tail.end >= tail.copy.size and len(planned) <= ahead and tail.copy is not self.after:
             self.after = tail.copy  # once per copy: at the remote end there is no next one to find
             self.next_job = self.reader.executor.submit(self._plan_next, tail.copy)
@@ -190,12 +268,25 @@ class BatchCursor:
                 self.windows.extend(_Window(following, w.start, w.end) for w in windows)
 
     def _take_head(self) -> None:
+        """The head window's bytes: read ahead, else downloaded now into room the pool makes by evicting
+        read-ahead, waiting at most ``memory_wait`` for it."""
         w = self.windows[0]
-        if w.future is None:
-            self.reader.pool.reserve(w.end - w.start)
-            w.reserved = w.end - w.start
-            w.future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end, cacheable=True)
-        data = w.future.result()
+        with self.pool.cond:
+            self.pool.unmark(id(w))
+            w.taken = True
+            future = w.future
+        if future is None:
+            size = w.end - w.start
+            if not self.pool.reserve(size, self.memory_wait):
+                with self.pool.cond:
+                    w.taken = False
+                raise MemoryBusy(f"no room in the memory pool for {size} bytes of {w.copy.log_key} within "
+                                 f"{self.memory_wait}s")  # fmt: skip
+            with self.pool.cond:
+                w.reserved = size
+            w.future = future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end,
+                                                            cacheable=True)  # fmt: skip
+        data = future.result()
         copy = w.copy
         key = copy.log_key
         whole = complete_prefix(key, data, w.start)
@@ -213,11 +304,12 @@ class BatchCursor:
         self.data, self.headers, self.next_batch = None, [], 0
 
     def _release(self, w: _Window) -> None:
-        if w.future is not None and not w.future.done():
-            w.future.cancel()
-        if w.reserved:
-            self.reader.pool.release(w.reserved)
-            w.reserved = 0
+        with self.pool.cond:
+            self.pool.unmark(id(w))
+            if w.future is not None and not w.future.done():
+                w.future.cancel()
+            w.taken = False
+            self._give_back(w)
 
     def close(self) -> None:
         """Free the pool room of every window (read-ahead still downloading is abandoned)."""
@@ -232,9 +324,10 @@ class BatchCursor:
 class CursorCache:
     """Cursors by ``(topic id, partition, next offset)``, least recently used evicted past ``capacity``."""
 
-    def __init__(self, reader: RemoteReader, capacity: int) -> None:
+    def __init__(self, reader: RemoteReader, capacity: int, memory_wait: float) -> None:
         self.reader = reader
         self.capacity = capacity
+        self.memory_wait = memory_wait
         self.lock = threading.Lock()
         self.cursors: OrderedDict[tuple[str, int, int], BatchCursor] = OrderedDict()
 
@@ -245,7 +338,7 @@ class CursorCache:
         with self.lock:
             cursor = self.cursors.pop((topic_id, partition, offset), None)
         if cursor is None:
-            cursor = BatchCursor(self.reader, topic, topic_id, partition, offset)
+            cursor = BatchCursor(self.reader, topic, topic_id, partition, offset, self.memory_wait)
         served = cursor.read(max_bytes, read_committed, min_one)  # on an error the cursor closes itself
         self._keep(cursor)
         return served

@@ -1,9 +1,12 @@
 """The proxy's listeners: one bootstrap port, one port per broker, each client connection served on its own.
 
 ``ProxyServer`` runs on one asyncio event loop: accepting, framing and forwarding are non-blocking; remote
-reads, the catalog and the cluster's answers run on a bounded thread pool (``remote_threads``) beside
-the reader's own download threads. ``ProxyServer.run()`` serves until SIGTERM/SIGINT;
-``running_proxy(settings)`` runs one in a background thread (the demo, the benchmarks, the tests).
+reads run on a bounded thread pool (``remote_threads``) beside the reader's own download threads, and
+offsets answers (ListOffsets, OffsetForLeaderEpoch: the catalog's waits, the cluster's answers) on a pool
+of their own (``offsets_threads``), so reads queued behind a full memory pool never delay them. The
+byte budgets of requests and answers held for clients are the server's (``reader/proxy/budget.py``).
+``ProxyServer.run()`` serves until SIGTERM/SIGINT; ``running_proxy(settings)`` runs one in a background
+thread (the demo, the benchmarks, the tests).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from reader.catalog import MetadataCatalog
-from reader.proxy.config import ProxySettings
+from reader.proxy.budget import ByteBudget
+from reader.proxy.config import READ_LIMIT, ProxySettings
 from reader.proxy.connection import ClientConnection
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.frames import FrameProtocol
@@ -64,10 +68,14 @@ class ProxyServer:
         store = open_store(settings.remote_storage)
         catalog = MetadataCatalog(settings, store, self.cluster, None).start()
         self.reader = RemoteReader(settings, catalog, store)
-        self.view = TieredView(self.reader, self.cluster, p.offsets_cache_seconds, p.remote_cursors)
+        self.view = TieredView(self.reader, self.cluster, p.offsets_cache_seconds, p.remote_cursors,
+                               p.remote_memory_wait_seconds)  # fmt: skip
         self.router = Router(p.advertised, p.broker_ports, p.broker_port_base, _bootstrap(settings.bootstrap_servers))
         self.metrics = ProxyMetrics(self.reader, registry)
         self.remote_pool = ThreadPoolExecutor(p.remote_threads, thread_name_prefix="proxy-remote")
+        self.offsets_pool = ThreadPoolExecutor(p.offsets_threads, thread_name_prefix="proxy-offsets")
+        self.answers = ByteBudget(p.answer_buffer_bytes)
+        self.requests = ByteBudget(p.request_buffer_bytes)
         self.upstream_ssl = settings.upstream_ssl()
         self.client_ssl = p.tls.context() if p.tls is not None else None
         self.servers: dict[int | None, asyncio.base_events.Server] = {}
@@ -80,10 +88,10 @@ class ProxyServer:
     async def start(self) -> None:
         p = self.settings.proxy
         self.servers[None] = await asyncio.start_server(self._accept(None), p.host, p.bootstrap_port,
-                                                        ssl=self.client_ssl, limit=1 << 20)  # fmt: skip
+                                                        ssl=self.client_ssl, limit=READ_LIMIT)  # fmt: skip
         nodes = set(p.broker_ports)
         try:
-            brokers = await asyncio.get_running_loop().run_in_executor(self.remote_pool, self._cluster_brokers)
+            brokers = await asyncio.get_running_loop().run_in_executor(self.offsets_pool, self._cluster_brokers)
         except Exception as exc:  # the cluster may come later: brokers are learned from Metadata answers too
             log.warning("could not list the cluster's brokers at start", error=str(exc))
             brokers = {}
@@ -129,7 +137,7 @@ class ProxyServer:
         p = self.settings.proxy
         port = self.router.port_for(node)
         self.servers[node] = await asyncio.start_server(self._accept(node), p.host, port, ssl=self.client_ssl,
-                                                        limit=1 << 20)  # fmt: skip
+                                                        limit=READ_LIMIT)  # fmt: skip
 
     async def close(self) -> None:
         for server in self.servers.values():
@@ -140,6 +148,7 @@ class ProxyServer:
         if self._metrics_server is not None:
             self._metrics_server[0].shutdown()
         self.remote_pool.shutdown(wait=False, cancel_futures=True)
+        self.offsets_pool.shutdown(wait=False, cancel_futures=True)
         self.view.close()
         self.reader.close()
 
@@ -197,7 +206,7 @@ class ProxyServer:
         else:
             address = self.router.broker_address(node)
             if address is None:
-                brokers = await asyncio.get_running_loop().run_in_executor(self.remote_pool, self._cluster_brokers)
+                brokers = await asyncio.get_running_loop().run_in_executor(self.offsets_pool, self._cluster_brokers)
                 for n, (host, port) in brokers.items():
                     self.router.learn(n, host, port)
                 address = self.router.broker_address(node)
@@ -210,7 +219,7 @@ class ProxyServer:
             try:
                 async with asyncio.timeout(self.settings.proxy.upstream_connect_timeout_seconds):
                     _, protocol = await loop.create_connection(
-                        lambda: FrameProtocol(UPSTREAM_MAX_FRAME), host, port, ssl=self.upstream_ssl,
+                        lambda: FrameProtocol(UPSTREAM_MAX_FRAME, self.answers), host, port, ssl=self.upstream_ssl,
                         server_hostname=host if self.upstream_ssl else None,
                     )  # fmt: skip
                     return protocol

@@ -30,7 +30,7 @@ from metadata.records import topic_id_bytes
 from reader.batches import complete_prefix
 from reader.catalog import MetadataCatalog
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
-from reader.proxy.remote_batches import CursorCache, ServedBatches
+from reader.proxy.remote_batches import CursorCache, MemoryBusy, ServedBatches
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from tiering_core.formats import decode_batch, scan_headers
@@ -64,12 +64,13 @@ class TopicKey(NamedTuple):
 class TieredView:
     """Thread-safe. ``close()`` frees the cursors (the reader is closed by its owner)."""
 
-    def __init__(self, reader: RemoteReader, cluster: KafkaCluster, cache_seconds: float, cursors: int) -> None:
+    def __init__(self, reader: RemoteReader, cluster: KafkaCluster, cache_seconds: float, cursors: int,
+                 memory_wait: float) -> None:  # fmt: skip
         self.reader = reader
         self.catalog: MetadataCatalog = reader.catalog
         self.cluster = cluster
         self.cache_seconds = cache_seconds
-        self.cursors = CursorCache(reader, cursors)
+        self.cursors = CursorCache(reader, cursors, memory_wait)
         self._offsets: dict[tuple[uuid.UUID, int], BrokerOffsets] = {}
         self._names: dict[uuid.UUID, str] = {}
         self._ids: dict[str, uuid.UUID] = {}  # a name's live id, as last learned
@@ -220,11 +221,18 @@ class TieredView:
 
     def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool,
              min_one: bool = True) -> ServedBatches:  # fmt: skip
-        """Whole batches from ``offset`` (``BatchCursor.read``). Raises NotInRemote, OffsetOutOfRange and the
-        read errors."""
+        """Whole batches from ``offset`` (``BatchCursor.read``); none when the memory pool has no room in time
+        (the client asks again, as after an empty answer). Raises NotInRemote, OffsetOutOfRange and the read
+        errors."""
         if self.catalog.download_paused(topic.name, topic.kafka_id):
             return ServedBatches(b"", [], offset, blocked=True)
-        return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed, min_one)
+        try:
+            return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed,
+                                     min_one)  # fmt: skip
+        except MemoryBusy as exc:
+            log.info("remote partition answered without records: the memory pool is full", topic=topic.name,
+                     partition=partition, offset=offset, error=str(exc))  # fmt: skip
+            return ServedBatches(b"", [], offset)
 
     # -- offsets answers ------------------------------------------------------------------------
     def earliest(self, topic: TopicKey, partition: int) -> tuple[int, int] | None:
