@@ -149,6 +149,17 @@ class ProxyListen(BaseModel):
         "BASE_BYTES + prefetch_pool_bytes + answer_buffer_bytes + 2 x request_buffer_bytes (a request is copied "
         "once as it is read) + max_connections x CONNECTION_BYTES. Set the service's memory limit above it.",
     )  # fmt: skip
+    quota_refresh_seconds: float = Field(
+        default=30.0, gt=0,
+        description="How often the cluster's client quotas (consumer_byte_rate, as kafka-configs sets them) are "
+        "read again; remote bytes count against them as the broker's own do (reader/proxy/quotas.py).",
+    )  # fmt: skip
+    quota_window_num: int = Field(
+        default=11, ge=2, description="Samples a client's byte rate is measured over (the brokers' quota.window.num)."
+    )
+    quota_window_size_seconds: float = Field(
+        default=1.0, gt=0, description="The length of each sample (the brokers' quota.window.size.seconds)."
+    )
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics on this port (host as above); none if unset."
     )

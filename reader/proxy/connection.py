@@ -128,7 +128,8 @@ class ClientConnection:
         self.peer = str(writer.get_extra_info("peername"))
         self.slots: asyncio.Queue[Slot | None] = asyncio.Queue(self.settings.max_in_flight)
         self.upstream: FrameProtocol | None = None
-        self.auth = Authentication(server.settings.sasl_listener())
+        self.auth = Authentication(server.settings.sasl_listener(), server.settings.client_certificate() is not None)
+        self.throttled_until = 0.0  # monotonic time until which a client over its quota is not read (KIP-219)
         self.fetch_allowed: set[Any] = set()  # topic keys whose remote reads may start before the broker answers
         self.remote_held = 0  # answer budget bytes taken for this connection's remote answers not yet out
 
@@ -170,6 +171,8 @@ class ClientConnection:
             if frame is None:
                 await self.slots.put(None)
                 return
+            if (mute := self.throttled_until - time.monotonic()) > 0:  # as the broker mutes a throttled channel
+                await asyncio.sleep(mute)
             try:
                 slot = await self._route(frame)
             finally:
@@ -189,6 +192,9 @@ class ClientConnection:
             self.auth.request(api_key, version, frame)
         await self._connect()
         if not can_parse(api_key, version):
+            if api_key == API_VERSIONS:  # never the broker's versions unfiltered: the client asks again lower
+                downgrade = response_frame(correlation_id, API_VERSIONS, 0, answers.unsupported_api_versions())
+                return Slot(api_key, version, correlation_id, started, False, _answered(downgrade), "proxy")
             await self._forward(frame)
             return Slot(api_key, version, correlation_id, started, True, None)
         if api_key == FETCH:
@@ -218,6 +224,10 @@ class ClientConnection:
         plan = FetchPlan.make(version, request, server.view)
         if plan.unconfirmed:
             plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
+        client_id = head.client_id or ""
+        quota_bytes = server.quotas.max_bytes(self.auth.user, client_id)
+        if plan.remote and quota_bytes is not None:  # as the broker: larger would always be throttled
+            plan.max_bytes = min(plan.max_bytes, quota_bytes)
         # Read ahead of the broker's answer only for topics it allowed on this connection before: a hint for
         # speed, not a decision (``merge`` sends nothing the broker did not allow in its answer to this request).
         held = 0  # answer budget taken for the remote answer
@@ -226,6 +236,10 @@ class ClientConnection:
             held = charge
             await loop.run_in_executor(server.remote_pool, plan.read_remote, server.view)
             plan.limit_upstream()  # the broker is asked for what the remote part left of max_bytes
+        room = max(0, server.answers.capacity - server.answers.used)
+        if room < int(getattr(plan.upstream, "max_bytes", 0)):  # the broker's answer within the free room (frames.py)
+            plan.upstream = dataclasses.replace(plan.upstream, max_bytes=i32(room))
+            clamped = True
         sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
         if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
             frame = request_frame(head, frame, plan.upstream)
@@ -255,6 +269,14 @@ class ClientConnection:
             body = rewritten
             slot.held = held = self._account(held, body) if changed else held  # ``slot`` is bound below, first
             server.count_fetch(body, plan)
+            body, throttle_ms = server.quotas.throttle(self.node_id, self.auth.user, client_id, body, version,
+                                                       plan.served_remote)  # fmt: skip
+            if throttle_ms:  # KIP-219: the (empty) answer goes out now and the connection's next requests wait
+                server.metrics.throttle_seconds.inc(throttle_ms / 1000)
+                self.throttled_until = max(self.throttled_until, time.monotonic() + throttle_ms / 1000)
+                if version < 8:  # clients before KIP-219 do not wait on their own: the answer waits instead
+                    await asyncio.sleep(throttle_ms / 1000)
+                return response_frame(correlation_id, FETCH, version, body)
             if plan.remote and plan.empty(body):
                 await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
             return response_frame(correlation_id, FETCH, version, body) if changed else None
@@ -377,6 +399,15 @@ class ClientConnection:
                 await self.client_writer.drain()
         except TimeoutError:
             raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s") from None
+
+
+def _answered(frame: memoryview) -> Finish:
+    """A slot's completion for an answer the proxy gives itself (no broker frame)."""
+
+    async def finish(_answer: bytearray | None) -> memoryview:
+        return frame
+
+    return finish
 
 
 def _acks(frame: bytes, version: int) -> int:

@@ -29,6 +29,7 @@ from reader.proxy.connection import ClientConnection
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.frames import FrameProtocol
 from reader.proxy.metrics import ProxyMetrics
+from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
 from reader.proxy.tiered import TieredView
 from reader.remote import RemoteReader
@@ -72,6 +73,7 @@ class ProxyServer:
                                p.remote_memory_wait_seconds)  # fmt: skip
         self.router = Router(p.advertised, p.broker_ports, p.broker_port_base, _bootstrap(settings.bootstrap_servers))
         self.metrics = ProxyMetrics(self.reader, registry)
+        self.quotas = ClientQuotaManager(p.quota_window_num, p.quota_window_size_seconds)
         self.remote_pool = ThreadPoolExecutor(p.remote_threads, thread_name_prefix="proxy-remote")
         self.offsets_pool = ThreadPoolExecutor(p.offsets_threads, thread_name_prefix="proxy-offsets")
         self.answers = ByteBudget(p.answer_buffer_bytes)
@@ -99,6 +101,9 @@ class ProxyServer:
             self.router.learn(node, host, port)
             nodes.add(node)
         await self.ensure_listeners(sorted(nodes))
+        quotas = self.quotas.follow(lambda: self.open_upstream(None), client_properties(self.settings.kafka_client),
+                                    p.quota_refresh_seconds, p.upstream_connect_timeout_seconds)  # fmt: skip
+        self._tasks.add(asyncio.create_task(quotas))
         if p.metrics_port is not None:
             self._metrics_server = start_http_server(p.metrics_port, p.host, registry=self.metrics.registry)
         self._warn_tls_identities()

@@ -1,0 +1,167 @@
+"""Client fetch quotas through the proxy on the real stack: remote bytes count against the quota set with
+kafka-configs on the running broker, as the broker's own would (reader/proxy/quotas.py).
+
+A topic of about 40 MB in 16 KiB records is tiered; librdkafka consumers read its remote part from offset 0
+through the proxy over and over (back to 0 at the remote end). With ``consumer_byte_rate`` 5 MB/s on one
+client id, that client gets 5 MB/s, measured from its side over three whole quota windows (33 s of
+Kafka's 11 samples of 1 s: within a window Kafka's rate lets the bytes come in bursts as old samples
+expire, so a shorter or unaligned span says little); a second client without a quota reads at the same
+time, unthrottled and far faster. Before any quota is set, no answer is throttled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from deploy.kafka import run_kafka_tool
+from deploy.stack import Endpoints
+from reader.proxy import ProxyServer
+from tests.conftest import create_topic
+from tests.kafka_wire import RawKafka, record_bytes
+from tests.proxy_harness import proxy_bootstrap, proxy_for
+from tests.reader_harness import running_sidecar
+from tests.sidecar_harness import wait_for, write_config
+from tiering.cli.main import main
+
+pytestmark = pytest.mark.integration
+QUOTA = 5_000_000  # bytes/s, as kafka-configs takes consumer_byte_rate
+RECORD = 16 * 1024
+RECORDS = 2560  # 40 MiB
+WHOLE_WINDOWS = 33.0  # seconds: three of the broker's quota windows (quota.window.num 11 x 1 s)
+
+
+@dataclass
+class Tiered:
+    topic: str
+    config: Path
+    remote_end: int  # the first offset only the broker has
+
+
+@pytest.fixture(scope="module")
+def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiered]:
+    tmp = tmp_path_factory.mktemp("quotas")
+    topic = create_topic(stack.bootstrap, 1, internal_segment_bytes=1 << 20)
+    producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 20, "batch.size": 1 << 20})
+    for i in range(RECORDS):
+        producer.produce(topic, os.urandom(RECORD), key=str(i).encode())
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    config = write_config(stack, tmp)
+    result = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(2 << 20),
+                                       "--config", str(config)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with running_sidecar(config) as (ctx, _sidecar):
+
+        def log_start() -> int:
+            return ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx
+
+        wait_for(lambda: log_start() > RECORDS * 0.9, 240, "the sidecar to tier the topic")
+        yield Tiered(topic, config, log_start())
+
+
+def configs(stack: Endpoints, *args: str) -> None:
+    """kafka-configs on the running broker."""
+    result = run_kafka_tool("kafka.admin.ConfigCommand", "--bootstrap-server", stack.bootstrap, *args, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@dataclass
+class Reading:
+    """What a looping consumer read: (monotonic time, bytes of remote records so far) after each poll, and the
+    largest throttle time librdkafka reported."""
+
+    progress: list[tuple[float, int]] = field(default_factory=list)
+    throttle_ms: int = 0
+
+    def rate(self, start: float, seconds: float) -> float:
+        """Bytes per second from ``start`` to ``start + seconds``."""
+        at_start = max((b for t, b in self.progress if t <= start), default=0)
+        at_end = max((b for t, b in self.progress if t <= start + seconds), default=0)
+        return (at_end - at_start) / seconds
+
+    @property
+    def first(self) -> float:
+        return next(t for t, b in self.progress if b > 0)
+
+
+def read_remote_part(bootstrap: str, t: Tiered, client_id: str, stop: threading.Event, out: Reading) -> None:
+    """Read offsets [0, remote_end) again and again; librdkafka's prefetch of the broker's part past the
+    remote end is dropped by the seek back, so every byte counted came from remote storage."""
+
+    def stats(text: str) -> None:
+        brokers = json.loads(text).get("brokers", {}).values()
+        out.throttle_ms = max([out.throttle_ms, *(int(b.get("throttle", {}).get("max", 0)) for b in brokers)])
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"quota-{uuid.uuid4().hex[:8]}",
+                         "client.id": client_id, "enable.auto.commit": False, "statistics.interval.ms": 1000,
+                         "stats_cb": stats, "queued.max.messages.kbytes": 4096})  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(t.topic, 0, 0)])
+        total = 0
+        while not stop.is_set():
+            for m in consumer.consume(256, 0.2):
+                assert m.error() is None, m.error()
+                if m.offset() < t.remote_end:
+                    total += len(m.value()) + len(m.key())
+                if m.offset() >= t.remote_end - 1:
+                    consumer.seek(TopicPartition(t.topic, 0, 0))
+                    break
+            out.progress.append((time.monotonic(), total))
+    finally:
+        consumer.close()
+
+
+def reading(proxy: ProxyServer, t: Tiered, client_id: str, stop: threading.Event) -> tuple[Reading, threading.Thread]:
+    out = Reading()
+    thread = threading.Thread(target=read_remote_part, args=(proxy_bootstrap(proxy), t, client_id, stop, out),
+                              daemon=True)  # fmt: skip
+    thread.start()
+    return out, thread
+
+
+def test_a_client_over_its_quota_gets_the_quota_and_others_are_not_slowed(stack: Endpoints, tiered: Tiered) -> None:
+    limited, free = f"quota-limited-{uuid.uuid4().hex[:6]}", f"quota-free-{uuid.uuid4().hex[:6]}"
+    with proxy_for(tiered.config, stack.bootstrap, quota_refresh_seconds=1.0) as proxy:
+        # no quota set: answers far beyond what 5 MB/s allows in a window (50 MB) are not throttled
+        with RawKafka(proxy_bootstrap(proxy)) as raw:
+            answers = [raw.fetch(12, tiered.topic, uuid.UUID(int=0), 0, 0, 1 << 20) for _ in range(64)]
+        assert all(a is not None and record_bytes(a) > 0 for a in answers)
+        assert {a.throttle_time.total_seconds() for a in answers} == {0}
+
+        configs(stack, "--alter", "--entity-type", "clients", "--entity-name", limited, "--add-config",
+                f"consumer_byte_rate={QUOTA}")  # fmt: skip
+        try:
+            wait_for(lambda: proxy.quotas.quotas.rates.get((None, limited)) == QUOTA, 30, "the proxy to read the quota")
+            stop_limited, stop_free = threading.Event(), threading.Event()
+            slow, slow_thread = reading(proxy, tiered, limited, stop_limited)
+            fast, fast_thread = reading(proxy, tiered, free, stop_free)
+            wait_for(lambda: bool(slow.progress) and slow.progress[-1][1] > 0, 60, "the limited client's first bytes")
+            time.sleep(12)
+            stop_free.set()
+            fast_thread.join(30)
+            wait_for(lambda: time.monotonic() > slow.first + WHOLE_WINDOWS + 1, 60, "three quota windows")
+            stop_limited.set()
+            slow_thread.join(30)
+        finally:
+            configs(stack, "--alter", "--entity-type", "clients", "--entity-name", limited, "--delete-config",
+                    "consumer_byte_rate")  # fmt: skip
+        throttled_seconds = proxy.metrics.throttle_seconds._value.get()
+    limited_rate = slow.rate(slow.first, WHOLE_WINDOWS)
+    free_rate = fast.rate(fast.first + 1, 10)
+    print(f"limited {limited_rate / 1e6:.2f} MB/s (max throttle {slow.throttle_ms} ms), free {free_rate / 1e6:.2f} "
+          f"MB/s (max throttle {fast.throttle_ms} ms), throttled {throttled_seconds:.1f} s in all")  # fmt: skip
+    assert 0.9 * QUOTA <= limited_rate <= 1.1 * QUOTA
+    assert slow.throttle_ms > 0 and throttled_seconds > 0
+    assert free_rate > 3 * QUOTA
+    assert fast.throttle_ms == 0
