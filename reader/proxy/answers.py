@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from reader.errors import RemoteReadError
-from reader.proxy.protocol import supported_versions
+from reader.proxy.protocol import API_VERSIONS, build, nested, response_type, supported_versions
 from reader.proxy.tiered import TieredView, TopicKey
 from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.logs import get_logger
@@ -44,6 +44,17 @@ def api_versions(answer: Any) -> Any:
         if low <= high:
             keys.append(dataclasses.replace(k, min_version=i16(low), max_version=i16(high)))
     return dataclasses.replace(answer, api_keys=tuple(keys))
+
+
+def unsupported_api_versions() -> Any:
+    """The answer to an ApiVersions request of a version the proxy cannot read (Kroxylicious'
+    ``ApiVersionsDowngrader``): UNSUPPORTED_VERSION at v0 with the ApiVersions versions it can read, so the
+    client asks again with one of them. Passing the broker's answer through instead would show the client
+    versions the proxy cannot rewrite (and, in their answers, the brokers' own addresses)."""
+    body = response_type(API_VERSIONS, 0)
+    low, high = supported_versions()[API_VERSIONS]
+    entry = build(nested(body, "api_keys"), api_key=i16(API_VERSIONS), min_version=i16(low), max_version=i16(high))
+    return build(body, error_code=ErrorCode.unsupported_version, api_keys=(entry,))
 
 
 def list_offsets(request: Any, answer: Any, view: TieredView) -> Any:

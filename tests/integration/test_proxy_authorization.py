@@ -76,7 +76,7 @@ def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         topic = f"authz-{uuid.uuid4().hex[:8]}"
         admin.create_topics([NewTopic(topic, 1, 1, config={"internal.segment.bytes": str(SEGMENT)})])[topic].result(60)
         produced = [f"authz-{i}-".encode() * 8 for i in range(COUNT)]
-        producer = Producer({**broker.client_config(), "linger.ms": 5, "batch.size": 16384})
+        producer = Producer({**broker.client_config(), "linger.ms": 5, "batch.size": 16384, "enable.idempotence": True})
         for value in produced:
             producer.produce(topic, value=value, partition=0)
             producer.poll(0)

@@ -14,11 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
+from kio.schema.errors import ErrorCode
 
 from deploy.stack import Endpoints
 from reader.proxy import ProxyServer
+from reader.proxy.protocol import parse, response_type, supported_versions
 from tests.proxy_harness import proxy_bootstrap, proxy_for
-from tests.sidecar_harness import write_config
+from tests.sidecar_harness import wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -130,3 +132,32 @@ def test_a_thousand_idle_connections_and_the_cap(proxy: ProxyServer) -> None:
     while proxy.connections > 10 and time.monotonic() < deadline:
         time.sleep(0.1)
     still_serves(proxy)
+
+
+def test_an_api_versions_request_the_proxy_cannot_read_is_answered_by_it(proxy: ProxyServer) -> None:
+    """Kroxylicious' ApiVersionsDowngrader: an ApiVersions version newer than the proxy's schemas is answered
+    UNSUPPORTED_VERSION at v0 with the versions it can read, by the proxy itself (a newer broker's own answer
+    would show the client versions the proxy cannot rewrite); the client then asks again lower."""
+    before = proxy.metrics.requests.labels("api_versions", "proxy")._value.get()
+    with connect(proxy) as sock:
+        frame = struct.pack(">hhih", 18, 99, 7, 4) + b"test" + b"\x00\x00"
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        sock.settimeout(15)
+        (size,) = struct.unpack(">i", _exactly(sock, 4))
+        answer = _exactly(sock, size)
+    assert struct.unpack_from(">i", answer)[0] == 7
+    body = parse(response_type(18, 0), answer, 4)
+    assert body.error_code == ErrorCode.unsupported_version
+    assert [(k.api_key, k.min_version, k.max_version) for k in body.api_keys] == [(18, *supported_versions()[18])]
+    answered = proxy.metrics.requests.labels("api_versions", "proxy")
+    wait_for(lambda: answered._value.get() == before + 1, 10, "the proxy counting its own answer")  # after the send
+    still_serves(proxy)
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the proxy closed the connection"
+        data += chunk
+    return data
