@@ -34,7 +34,7 @@ from tests.reader_harness import running_sidecar
 from tests.sidecar_harness import wait_for, write_config
 from tiering.cli.main import main
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a rate measured over 33 s
 QUOTA = 5_000_000  # bytes/s, as kafka-configs takes consumer_byte_rate
 RECORD = 16 * 1024
 RECORDS = 2560  # 40 MiB
