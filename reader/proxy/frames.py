@@ -10,7 +10,9 @@ It is also where a client that does not read its answers stops the broker (Kroxy
 the same way): reading from the broker pauses while a received answer waits for the writing task, which
 itself waits until the client took the answer before (``ClientConnection._write_answers``), so a
 connection holds at most two answers. Each frame's bytes are taken from the proxy's answer budget
-(``reader/proxy/budget.py``) when its size arrives; without room reading stays paused until there is.
+(``reader/proxy/budget.py``) when its size arrives; without room reading stays paused until there is,
+unless the connection holds no other answer: its client took everything before, and must not wait behind
+clients that do not read (the proxy asks the broker for at most the room free, ``ClientConnection._fetch``).
 The writing task gives them back with ``done`` once the answer is out.
 """
 
@@ -63,7 +65,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 assert self.transport is not None
                 self.transport.close()
                 return
-            if not self.budget.take_now(size):
+            if self.held == 0:  # the client took everything before: never behind clients that do not read
+                self.budget.force(size)
+            elif not self.budget.take_now(size):
                 assert self.transport is not None
                 self.transport.pause_reading()
                 self.waiting = asyncio.get_running_loop().create_task(self._room(size))
