@@ -325,9 +325,10 @@ class ClientConnection:
                 if api_key == METADATA:
                     for t in body.topics:
                         self.server.view.learn_name(getattr(t, "topic_id", None), t.name)
-                new = self.server.router.rewrite(api_key, body)
-                if api_key == METADATA:
+                    for b in body.brokers:  # listening (or known not to) before the addresses are given out
+                        self.server.router.learn(int(b.node_id), b.host, int(b.port))
                     await self.server.ensure_listeners(self.server.router.known_nodes())
+                new = self.server.router.rewrite(api_key, body)
             return None if new is body else response_frame(correlation_id, api_key, version, new)
 
         return finish

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
 
 from tiering_core.errors import ConfigError
@@ -38,8 +39,12 @@ class Router:
         self.port_base = port_base
         self.bootstrap = bootstrap
         self._brokers: dict[int, tuple[str, int]] = {}
+        self.unavailable: set[int] = set()  # nodes with no port, or whose listener could not start
         self._lock = threading.Lock()
         self.on_new_node: Callable[[int], None] | None = None  # the server starts that node's listener
+
+    def has_port(self, node_id: int) -> bool:
+        return node_id in self.broker_ports or self.port_base is not None
 
     def port_for(self, node_id: int) -> int:
         """The proxy's port for ``node_id``. ConfigError when the configuration has none for it."""
@@ -66,25 +71,40 @@ class Router:
             return sorted(self._brokers)
 
     # -- rewriting ------------------------------------------------------------------------------
-    def _endpoint(self, entity: Any, id_field: str = "node_id") -> Any:
+    def _endpoint(self, entity: Any, id_field: str = "node_id") -> Any | None:
+        """The entity pointing at the proxy's port for its node; None for a node the proxy has no listener for
+        (left out: clients see its partitions without a reachable leader, a retriable state)."""
         node = int(getattr(entity, id_field))
         if node < 0:
             return entity  # "no coordinator" / unknown leader: nothing to point at
         self.learn(node, entity.host, int(entity.port))
+        if node in self.unavailable:
+            return None
         return dataclasses.replace(entity, host=self.advertised_host, port=i32(self.port_for(node)))
+
+    def _endpoints(self, entities: Any, id_field: str = "node_id") -> tuple[Any, ...]:
+        return tuple(e for e in (self._endpoint(x, id_field) for x in entities) if e is not None)
+
+    def _coordinator(self, entity: Any) -> Any:
+        """A coordinator the proxy cannot route to: COORDINATOR_NOT_AVAILABLE, which clients retry."""
+        found = self._endpoint(entity)
+        if found is not None:
+            return found
+        return dataclasses.replace(entity, error_code=ErrorCode.coordinator_not_available, node_id=i32(-1), host="",
+                                   port=i32(-1))  # fmt: skip
 
     def rewrite(self, api_key: int, body: Any) -> Any:
         """The response body with every broker address replaced by the proxy's (others unchanged)."""
         if api_key == METADATA:
-            return dataclasses.replace(body, brokers=tuple(self._endpoint(b) for b in body.brokers))
+            return dataclasses.replace(body, brokers=self._endpoints(body.brokers))
         if api_key == FIND_COORDINATOR:
             if hasattr(body, "coordinators"):
-                return dataclasses.replace(body, coordinators=tuple(self._endpoint(c) for c in body.coordinators))
-            return self._endpoint(body)
+                return dataclasses.replace(body, coordinators=tuple(self._coordinator(c) for c in body.coordinators))
+            return self._coordinator(body)
         if api_key == DESCRIBE_CLUSTER:
             if getattr(body, "endpoint_type", 1) != 1:
                 return body  # controller endpoints (bootstrap.controllers clients): not the proxy's to rewrite
-            return dataclasses.replace(body, brokers=tuple(self._endpoint(b, "broker_id") for b in body.brokers))
+            return dataclasses.replace(body, brokers=self._endpoints(body.brokers, "broker_id"))
         if api_key in (PRODUCE, FETCH) and getattr(body, "node_endpoints", ()):
-            return dataclasses.replace(body, node_endpoints=tuple(self._endpoint(n) for n in body.node_endpoints))
+            return dataclasses.replace(body, node_endpoints=self._endpoints(body.node_endpoints))
         return body

@@ -132,7 +132,10 @@ class ProxyServer:
         return {int(b.id): (b.host, int(b.port)) for b in brokers.values()}
 
     async def ensure_listeners(self, nodes: list[int]) -> None:
-        """Listen on the port of each node (once); returns when all listen."""
+        """Listen on the port of each node (once); returns when each listens or has failed. A node with no port,
+        or whose port cannot be listened on (in use), is logged once and left out of the addresses clients get
+        (``Router.unavailable``: its partitions have no reachable leader, which clients retry), and its port is
+        tried again at the next Metadata answer; never an error for the client asking, nor for the others."""
         for node in nodes:
             if node not in self._listening:
                 self._listening[node] = asyncio.ensure_future(self._listen(node))
@@ -140,9 +143,26 @@ class ProxyServer:
 
     async def _listen(self, node: int) -> None:
         p = self.settings.proxy
+        if not self.router.has_port(node):
+            self._unavailable(node, "no port for it: add it to proxy.broker_ports or set proxy.broker_port_base")
+            return
         port = self.router.port_for(node)
-        self.servers[node] = await asyncio.start_server(self._accept(node), p.host, port, ssl=self.client_ssl,
-                                                        limit=READ_LIMIT)  # fmt: skip
+        try:
+            self.servers[node] = await asyncio.start_server(self._accept(node), p.host, port, ssl=self.client_ssl,
+                                                            limit=READ_LIMIT)  # fmt: skip
+        except OSError as exc:
+            self._listening.pop(node, None)  # tried again at the next Metadata answer
+            self._unavailable(node, f"cannot listen on {p.host}:{port}: {exc}")
+            return
+        if node in self.router.unavailable:
+            log.info("listening for the broker again", node=node, port=port)
+            self.router.unavailable.discard(node)
+
+    def _unavailable(self, node: int, reason: str) -> None:
+        if node not in self.router.unavailable:
+            log.error("a broker is left out of the addresses clients get; its clients retry", node=node,
+                      reason=reason)  # fmt: skip
+        self.router.unavailable.add(node)
 
     async def close(self) -> None:
         for server in self.servers.values():

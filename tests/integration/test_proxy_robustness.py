@@ -15,10 +15,13 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
+from prometheus_client import CollectorRegistry
 
 from deploy.stack import Endpoints
-from reader.proxy import ProxyServer
+from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_proxy
 from reader.proxy.protocol import parse, response_type, supported_versions
+from tests.conftest import create_topic
+from tests.kafka_wire import RawKafka
 from tests.proxy_harness import proxy_bootstrap, proxy_for
 from tests.sidecar_harness import wait_for, write_config
 
@@ -161,3 +164,31 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
         assert chunk, "the proxy closed the connection"
         data += chunk
     return data
+
+
+def test_a_broker_port_in_use_leaves_out_that_broker_only(stack: Endpoints, tmp_path: Path) -> None:
+    """The listener for a broker cannot start (its port is in use): the proxy starts anyway, Metadata keeps
+    answering with that broker left out (never its own address), and once the port is free the next Metadata
+    answer names the broker at the proxy's port again and clients are served through it."""
+    topic = create_topic(stack.bootstrap)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    listen = ProxyListen(bootstrap_port=0, broker_ports={1: port}, broker_port_base=None)
+    settings = load_proxy_settings(write_config(stack, tmp_path), proxy=listen)
+    try:
+        with running_proxy(settings, CollectorRegistry()) as proxy:
+
+            def brokers() -> list[tuple[int, str, int]]:
+                with RawKafka(f"127.0.0.1:{proxy.bootstrap_port}") as raw:
+                    answer = raw.metadata(topic)
+                assert answer is not None, "the proxy closed a Metadata request"
+                return [(int(b.node_id), b.host, int(b.port)) for b in answer.brokers]
+
+            assert brokers() == [] and 1 in proxy.router.unavailable
+            busy.close()
+            wait_for(lambda: brokers() == [(1, "127.0.0.1", port)], 30, "the broker named again once its port is free")
+            still_serves(proxy)
+    finally:
+        busy.close()
