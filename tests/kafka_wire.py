@@ -12,7 +12,7 @@ from typing import Any
 
 from kio.static.primitive import i8, i32, i64
 
-from reader.proxy.protocol import build, encode, nested, parse, request_type, response_body_start, response_type
+from reader.proxy.protocol import build, nested, new_request, parse, request_type, response_body_start, response_type
 
 FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 2, 3, 17, 36
 _SIZE = struct.Struct(">i")
@@ -37,13 +37,10 @@ class RawKafka:
         self.close()
 
     def _request_frame(self, api_key: int, version: int, fields: dict[str, Any]) -> bytes:
-        request = request_type(api_key, version)
         self.correlation += 1
-        client_id = b"raw-test"
-        head = struct.pack(">hhih", api_key, version, self.correlation, len(client_id)) + client_id
-        if request.__flexible__:
-            head += b"\x00"
-        frame = head + encode(build(request, **fields))
+        frame = new_request(
+            api_key, version, self.correlation, "raw-test", build(request_type(api_key, version), **fields)
+        )
         return _SIZE.pack(len(frame)) + frame
 
     def send(self, api_key: int, version: int, **fields: Any) -> None:

@@ -20,11 +20,11 @@ import struct
 from typing import Any
 
 from reader.proxy.frames import FrameProtocol
-from reader.proxy.protocol import build, encode, parse, request_type, response_body_start, response_type
+from reader.proxy.protocol import build, new_request, parse, request_type, response_body_start, response_type
 from tiering_core.errors import TieringError
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
-CLIENT_ID = b"tiering-proxy"
+CLIENT_ID = "tiering-proxy"
 _SIZE = struct.Struct(">i")
 _SCRAM = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 
@@ -46,10 +46,10 @@ class AdminConnection:
 
     async def request(self, api_key: int, version: int, **fields: Any) -> Any:
         """The broker's parsed answer to one request built from ``fields``."""
-        kind = request_type(api_key, version)
         self.correlation += 1
-        head = struct.pack(">hhih", api_key, version, self.correlation, len(CLIENT_ID)) + CLIENT_ID
-        frame = head + (b"\x00" if kind.__flexible__ else b"") + encode(build(kind, **fields))
+        frame = new_request(
+            api_key, version, self.correlation, CLIENT_ID, build(request_type(api_key, version), **fields)
+        )
         try:
             async with asyncio.timeout(self.timeout):
                 await self.protocol.write(_SIZE.pack(len(frame)), frame)

@@ -161,6 +161,14 @@ def encode(entity: Any) -> bytes:
     return buf.getvalue()
 
 
+def new_request(api_key: int, version: int, correlation_id: int, client_id: str, body: Any) -> bytes:
+    """A request frame (without its size prefix): the header the version uses (v2, with tagged fields, for the
+    flexible versions; else v1), then ``body``."""
+    name = client_id.encode()
+    head = struct.pack(">hhih", api_key, version, correlation_id, len(name)) + name
+    return head + (b"\x00" if request_type(api_key, version).__flexible__ else b"") + encode(body)
+
+
 def request_frame(head: RequestHead, frame: bytes | memoryview, body: Any) -> bytes:
     """The request re-encoded with a new body (the header's bytes kept as received)."""
     return bytes(frame[: head.body]) + encode(body)

@@ -9,12 +9,14 @@ answered by the broker directly too, as the reference the proxy must match."""
 
 from __future__ import annotations
 
+import datetime
 import struct
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -28,10 +30,12 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from kio.static.primitive import i32
 
 from deploy.kafka import run_kafka_tool
 from deploy.stack import Endpoints
 from reader.proxy import ProxyServer
+from reader.proxy.protocol import build, nested, request_type
 from reader.proxy.tiered import TopicKey
 from tests.integration.test_sidecar_policies import SEGMENT, cli, running
 from tests.kafka_wire import RawKafka, partition_errors, record_bytes
@@ -96,25 +100,15 @@ def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
             wait_for(released, 180, "uploads and local retention on the SASL broker", step=sidecar.tick)
             log_start = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx
-        described = admin.describe_topics(_topics([topic]))[topic].result(30)
-        topic_id = uuid.UUID(int=(described.topic_id.get_most_significant_bits() % (1 << 64) << 64)
-                             | described.topic_id.get_least_significant_bits() % (1 << 64))  # fmt: skip
         with proxy_for(config, broker.bootstrap, admin_config=broker.client_config()) as proxy:
-            tiered = Tiered(broker, proxy, topic, topic_id, produced, log_start)
-            with RawKafka(tiered.proxy_broker) as raw:  # the proxy learns the id and the log start, as from a client
+            # the proxy learns the topic's id and log start from the broker's answers, as from any client
+            with RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as raw:
                 assert raw.sasl_plain("alice", CLIENTS["alice"]) == 0
-                assert raw.metadata(topic) is not None
+                topic_id = raw.metadata(topic).topics[0].topic_id
                 answer = raw.fetch(12, topic, topic_id, 0, log_start, 1024)
                 assert answer is not None and partition_errors(answer) == [0]
-            key = TopicKey(topic, topic_id)
-            assert proxy.view.routes_remote(key, 0, 0), "offset 0 is not routed to the remote copies"
-            yield tiered
-
-
-def _topics(names: list[str]):  # type: ignore[no-untyped-def]
-    from confluent_kafka import TopicCollection
-
-    return TopicCollection(names)
+            assert proxy.view.routes_remote(TopicKey(topic, topic_id), 0, 0), "offset 0 is not routed to remote"
+            yield Tiered(broker, proxy, topic, topic_id, produced, log_start)
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
@@ -207,7 +201,7 @@ def test_requests_before_login_are_bounded_as_on_the_broker(tiered: Tiered) -> N
         assert raw.sasl_plain("alice", CLIENTS["alice"]) == 0
         answer = raw.fetch(12, tiered.topic, tiered.topic_id, 0, 0, max_bytes=1 << 20)
         assert answer is not None and partition_errors(answer) == [0]
-        produced = raw.request(0, 9, transactional_id=None, acks=1, timeout=_ms(5000),
+        produced = raw.request(0, 9, transactional_id=None, acks=1, timeout=datetime.timedelta(seconds=5),
                                topic_data=_produce_data(tiered.topic, big))  # fmt: skip
         assert produced is not None, "a 600 KiB request after login was refused"
 
@@ -252,18 +246,8 @@ def _java_client_properties(tmp_path: Path, user: str) -> Path:
     return path
 
 
-def _ms(n: int):  # type: ignore[no-untyped-def]
-    import datetime
-
-    return datetime.timedelta(milliseconds=n)
-
-
-def _produce_data(topic: str, records: bytes):  # type: ignore[no-untyped-def]
-    from kio.static.primitive import i32
-
-    from reader.proxy.protocol import build, nested, request_type
-
-    request = request_type(0, 9)
-    topic_type = nested(request, "topic_data")
+def _produce_data(topic: str, records: bytes) -> tuple[Any, ...]:
+    """Produce v9's topic_data: ``records`` for partition 0 of ``topic``."""
+    topic_type = nested(request_type(0, 9), "topic_data")
     part_type = nested(topic_type, "partition_data")
     return (build(topic_type, name=topic, partition_data=(build(part_type, index=i32(0), records=records),)),)

@@ -85,7 +85,7 @@ def test_a_proxy_started_before_any_sidecar_serves_what_is_tiered_later(stack: E
 
 
 def test_mixed_fetches_stay_within_fetch_max_bytes(stack: Endpoints, tiered: TieredTopic) -> None:
-    """librdkafka with fetch.max.bytes 128 KiB and receive.message.max.bytes 1.5 times that reads partition 0
+    """librdkafka with fetch.max.bytes 64 KiB and receive.message.max.bytes 1.5 times that reads partition 0
     from remote and partition 1 from the broker in the same fetches: every answer stays within Kafka's limit
     (a larger one is 'Invalid response size' and a reconnect), and every record arrives once, byte for byte."""
     starts = {0: 0, 1: tiered.log_start(1)}
@@ -93,8 +93,8 @@ def test_mixed_fetches_stay_within_fetch_max_bytes(stack: Endpoints, tiered: Tie
     errors: list[str] = []
     with proxy_for(tiered.config, stack.bootstrap) as proxy:
         consumer = Consumer({"bootstrap.servers": proxy_bootstrap(proxy), "group.id": f"limits-{uuid.uuid4().hex}",
-                             "enable.auto.commit": False, "fetch.max.bytes": 128 << 10, "message.max.bytes": 64 << 10,
-                             "receive.message.max.bytes": 192 << 10, "isolation.level": "read_uncommitted",
+                             "enable.auto.commit": False, "fetch.max.bytes": 64 << 10, "message.max.bytes": 32 << 10,
+                             "receive.message.max.bytes": 96 << 10, "isolation.level": "read_uncommitted",
                              "error_cb": lambda e: errors.append(e.str())})  # fmt: skip
         try:
             consumer.assign([TopicPartition(tiered.topic, p, o) for p, o in starts.items()])
@@ -123,10 +123,9 @@ def test_a_mixed_fetch_answer_keeps_kafkas_max_bytes_rule(stack: Endpoints, tier
     """A raw Fetch of partition 0 from offset 0 (remote) and partition 1 from its log start (broker) with
     max_bytes 64 KiB, twice on one connection (the second reads remote data ahead of the broker's answer): the
     answer's records stay within max_bytes, except when a single partition returns a single larger batch."""
-    topic_id = _topic_id(stack, tiered.topic)
     limit = 64 << 10
     with proxy_for(tiered.config, stack.bootstrap) as proxy, RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as raw:
-        assert raw.metadata(tiered.topic) is not None
+        topic_id = raw.metadata(tiered.topic).topics[0].topic_id
         assert raw.fetch_many(12, tiered.topic, topic_id, {0: tiered.log_start(0), 1: tiered.log_start(1)}, 1024)
         for _ in range(2):
             answer = raw.fetch_many(12, tiered.topic, topic_id, {0: 0, 1: tiered.log_start(1)}, limit)
@@ -138,14 +137,3 @@ def test_a_mixed_fetch_answer_keeps_kafkas_max_bytes_rule(stack: Endpoints, tier
             assert total <= limit or (len(with_data) == 1 and batch_count(with_data[0]) == 1), (
                 f"{total} bytes of records in {len(with_data)} partitions for max_bytes {limit}"
             )
-
-
-def _topic_id(stack: Endpoints, topic: str) -> uuid.UUID:
-    from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-    tid = admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id
-    return uuid.UUID(
-        int=(tid.get_most_significant_bits() % (1 << 64)) << 64 | tid.get_least_significant_bits() % (1 << 64)
-    )

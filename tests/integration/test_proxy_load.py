@@ -252,6 +252,19 @@ def check_bounds(proxy: RunningProxy, watch: OffsetsWatch, offsets_within: float
         assert max(watch.times) < offsets_within, f"ListOffsets took {max(watch.times):.2f}s"
 
 
+def read_within_bounds(
+    proxy: RunningProxy, topic: LoadTopic, watch: OffsetsWatch, timeout: float
+) -> dict[int, list[Any]]:
+    """One consumer reads the whole topic from offset 0 through the proxy, part of it from remote storage, and
+    the proxy stays within its bounds meanwhile."""
+    started = time.monotonic()
+    got = read_all(proxy.bootstrap, topic.topic, topic.ends, timeout=timeout)
+    print(f"{len(topic.ends)} partitions, {sum(topic.ends.values())} records in {time.monotonic() - started:.1f}s")
+    assert proxy.remote_partitions() > 0
+    check_bounds(proxy, watch)
+    return got
+
+
 def test_one_consumer_twelve_partitions_with_an_8_mib_pool(stack: Endpoints, tmp_path: Path) -> None:
     """The issue's case: twelve remote partitions whose read-ahead together exceeds the pool (segments of four
     windows, eight windows ahead). Before, the cursors of the first eight partitions held the whole pool and
@@ -259,11 +272,7 @@ def test_one_consumer_twelve_partitions_with_an_8_mib_pool(stack: Endpoints, tmp
     with load_topic(stack, tmp_path, partitions=12, records=4_000, segment_bytes=1 * MIB) as topic:
         reader = {"prefetch_pool_bytes": 8 * MIB, "fetch_window_bytes": 256 * KIB, "prefetch_windows": 8}
         with proxy_process(stack, topic, tmp_path, reader) as proxy, offsets_watch(proxy, topic) as watch:
-            started = time.monotonic()
-            got = read_all(proxy.bootstrap, topic.topic, topic.ends, timeout=120)
-            print(f"12 partitions, {sum(topic.ends.values())} records in {time.monotonic() - started:.1f}s")
-            assert proxy.remote_partitions() > 0
-            check_bounds(proxy, watch)
+            got = read_within_bounds(proxy, topic, watch, timeout=120)
     check_everything(got, topic)
 
 
@@ -273,11 +282,7 @@ def test_one_consumer_forty_eight_partitions_with_the_defaults(stack: Endpoints,
         proxy_process(stack, topic, tmp_path) as proxy,
         offsets_watch(proxy, topic) as watch,
     ):
-        started = time.monotonic()
-        got = read_all(proxy.bootstrap, topic.topic, topic.ends, timeout=180)
-        print(f"48 partitions, {sum(topic.ends.values())} records in {time.monotonic() - started:.1f}s")
-        assert proxy.remote_partitions() > 0
-        check_bounds(proxy, watch)
+        got = read_within_bounds(proxy, topic, watch, timeout=180)
     check_everything(got, topic)
 
 

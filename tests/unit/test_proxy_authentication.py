@@ -4,20 +4,22 @@ the mechanism has, or a request only an authenticated connection is answered."""
 from __future__ import annotations
 
 import datetime
-import struct
 
 import pytest
 from kio.schema.errors import ErrorCode
 
-from reader.proxy.authentication import Authentication
-from reader.proxy.protocol import build, encode, request_type, response_frame, response_type
+from reader.proxy.authentication import ANONYMOUS, Authentication
+from reader.proxy.protocol import build, new_request, request_type, response_frame, response_type
 
 HANDSHAKE, AUTHENTICATE, METADATA = 17, 36, 3
 
 
+def frame(api_key: int, version: int, **fields: object) -> bytes:
+    return new_request(api_key, version, 1, "c", build(request_type(api_key, version), **fields))
+
+
 def handshake(mechanism: str) -> bytes:
-    head = struct.pack(">hhih", HANDSHAKE, 1, 1, 1) + b"c"
-    return head + encode(build(request_type(HANDSHAKE, 1), mechanism=mechanism))
+    return frame(HANDSHAKE, 1, mechanism=mechanism)
 
 
 def authenticated(error: int) -> bytearray:
@@ -54,3 +56,16 @@ def test_a_failed_round_or_an_unknown_mechanism_is_not_done_until_the_broker_ans
 
 def test_no_sasl_listener_has_nothing_to_wait_for() -> None:
     assert Authentication(sasl_listener=False).done
+
+
+def test_the_user_is_taken_once_the_broker_accepted_the_login() -> None:
+    assert Authentication(sasl_listener=False).user == ANONYMOUS
+    assert Authentication(sasl_listener=False, certificate=True).user is None
+    auth = Authentication(sasl_listener=True)
+    auth.request(HANDSHAKE, 1, frame(HANDSHAKE, 1, mechanism="PLAIN"))
+    auth.request(AUTHENTICATE, 2, frame(AUTHENTICATE, 2, auth_bytes=b"\0mallory\0wrong"))
+    auth.answered(AUTHENTICATE, 2, authenticated(58))  # SASL_AUTHENTICATION_FAILED
+    assert auth.user is None
+    auth.request(AUTHENTICATE, 2, frame(AUTHENTICATE, 2, auth_bytes=b"\0alice\0secret"))
+    auth.answered(AUTHENTICATE, 2, authenticated(0))
+    assert auth.done and auth.user == "alice"

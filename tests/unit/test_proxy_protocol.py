@@ -18,8 +18,8 @@ from reader.proxy.fetch import FetchPlan
 from reader.proxy.protocol import (
     ProtocolError,
     build,
-    encode,
     nested,
+    new_request,
     parse,
     read_request_head,
     request_type,
@@ -33,13 +33,6 @@ from reader.proxy.routing import Router
 from reader.proxy.tiered import BrokerOffsets, TieredView, TopicKey
 
 
-def request_bytes(api_key: int, version: int, body: Any, client_id: str = "test") -> bytes:
-    head = struct.pack(">hhih", api_key, version, 7, len(client_id)) + client_id.encode()
-    if request_type(api_key, version).__flexible__:
-        head += b"\x00"
-    return head + encode(body)
-
-
 def test_request_head_and_body_round_trip() -> None:
     t = request_type(1, 17)
     topic_type = nested(t, "topics")
@@ -50,7 +43,7 @@ def test_request_head_and_body_round_trip() -> None:
                  isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1),
                  topics=(build(topic_type, topic_id=uuid.uuid4(), partitions=(part,)),), forgotten_topics_data=(),
                  rack_id="")  # fmt: skip
-    frame = request_bytes(1, 17, body)
+    frame = new_request(1, 17, 7, "test", body)
     head = read_request_head(frame)
     assert (head.api_key, head.api_version, head.correlation_id, head.client_id) == (1, 17, 7, "test")
     assert parse(t, frame, head.body) == body

@@ -4,15 +4,14 @@ time, the throttled answer, the user a SASL login names, and the SCRAM exchange 
 from __future__ import annotations
 
 import datetime
-import struct
 
 import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import f64, i32, i64
 
 from reader.proxy.admin import ScramClient
-from reader.proxy.authentication import ANONYMOUS, Authentication, sasl_user
-from reader.proxy.protocol import build, encode, nested, request_type, response_frame, response_type
+from reader.proxy.authentication import sasl_user
+from reader.proxy.protocol import build, nested, response_type
 from reader.proxy.quotas import DEFAULT, ClientQuotaManager, ClientQuotas, Rate, throttled
 
 MB = 1_000_000
@@ -141,31 +140,6 @@ def test_the_user_a_login_names() -> None:
     assert sasl_user("SCRAM-SHA-256", b"n,,n=token1,r=abc,tokenauth=true") is None
     assert sasl_user("OAUTHBEARER", b"n,,\x01auth=Bearer x\x01\x01") is None
     assert sasl_user("PLAIN", b"garbage") is None
-
-
-def frame(api_key: int, version: int, **fields: object) -> bytes:
-    kind = request_type(api_key, version)
-    head = struct.pack(">hhih", api_key, version, 1, 1) + b"c" + (b"\x00" if kind.__flexible__ else b"")
-    return head + encode(build(kind, **fields))
-
-
-def authenticated(error: int) -> bytearray:
-    body = build(response_type(AUTHENTICATE, 2), error_code=ErrorCode(error), error_message=None, auth_bytes=b"",
-                 session_lifetime=datetime.timedelta(0))  # fmt: skip
-    return bytearray(bytes(response_frame(2, AUTHENTICATE, 2, body))[4:])
-
-
-def test_the_user_is_taken_once_the_broker_accepted_the_login() -> None:
-    assert Authentication(sasl_listener=False).user == ANONYMOUS
-    assert Authentication(sasl_listener=False, certificate=True).user is None
-    auth = Authentication(sasl_listener=True)
-    auth.request(HANDSHAKE, 1, frame(HANDSHAKE, 1, mechanism="PLAIN"))
-    auth.request(AUTHENTICATE, 2, frame(AUTHENTICATE, 2, auth_bytes=b"\0mallory\0wrong"))
-    auth.answered(AUTHENTICATE, 2, authenticated(58))  # SASL_AUTHENTICATION_FAILED
-    assert auth.user is None
-    auth.request(AUTHENTICATE, 2, frame(AUTHENTICATE, 2, auth_bytes=b"\0alice\0secret"))
-    auth.answered(AUTHENTICATE, 2, authenticated(0))
-    assert auth.done and auth.user == "alice"
 
 
 def test_scram_sha_256_exchange_of_rfc_7677() -> None:
