@@ -52,7 +52,7 @@ class AdminConnection:
         )
         try:
             async with asyncio.timeout(self.timeout):
-                await self.protocol.write(_SIZE.pack(len(frame)), frame)
+                await self.protocol.write_frame(frame)
                 answer = await self.protocol.next_frame()
         except TimeoutError:
             raise AdminError(f"no answer to API {api_key} within {self.timeout:.0f}s") from None

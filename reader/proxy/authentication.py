@@ -51,7 +51,7 @@ class Authentication:
             body = parse(request_type(api_key, version), frame, read_request_head(frame).body)
             self.pending = sasl_user(self.mechanism, bytes(body.auth_bytes))
 
-    def answered(self, api_key: int, version: int, answer: bytearray) -> None:
+    def answered(self, api_key: int, version: int, answer: memoryview) -> None:
         """The broker's answer to a request of ``api_key``."""
         if self.done:
             return

@@ -37,7 +37,8 @@ from reader.proxy import answers
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
 from reader.proxy.fetch import FETCH, FetchPlan
-from reader.proxy.frames import FrameProtocol
+from reader.proxy.fetch_scan import scan_fetch
+from reader.proxy.frames import FrameProtocol, sized
 from reader.proxy.protocol import (
     ProtocolError,
     can_parse,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
 _SIZE = struct.Struct(">i")
-Finish = Callable[[bytearray | None], Awaitable[bytes | memoryview | None]]
+Finish = Callable[[memoryview | None], Awaitable[bytes | memoryview | None]]
 
 
 class ConnectionClosed(Exception):
@@ -245,9 +246,16 @@ class ClientConnection:
             frame = request_frame(head, frame, plan.upstream)
         await self._forward(frame)
 
-        async def finish(answer: bytearray | None) -> bytes | memoryview | None:
+        async def finish(answer: memoryview | None) -> bytes | memoryview | None:
             assert answer is not None
-            body = parse(response_type(FETCH, version), answer, response_body_start(answer, FETCH, version))
+            start = response_body_start(answer, FETCH, version)
+            if not plan.remote:  # the broker's answer as it is, unless it has an error or addresses (fetch_scan.py)
+                scan = scan_fetch(answer, version, start)
+                plan.observe(scan.partitions, server.view)
+                if scan.plain:
+                    server.count_passed(len(scan.partitions))
+                    return None
+            body = parse(response_type(FETCH, version), answer, start)
             nonlocal held
             if not held and (plan.unread or plan.out_of_range(body)):  # remote records to come: room first
                 want = self._remote_charge(plan, [max_bytes for _, _, max_bytes in plan.offsets.values()])
@@ -260,7 +268,6 @@ class ClientConnection:
             elif plan.remote:
                 body, changed = plan.merge(body, server.view)
             else:
-                plan.observe(body, server.view)
                 changed = False
             self.fetch_allowed.update(plan.allowed)
             self.fetch_allowed.difference_update(plan.denied)
@@ -310,7 +317,7 @@ class ClientConnection:
         return True
 
     def _rewriting(self, api_key: int, version: int, correlation_id: int) -> Finish:
-        async def finish(answer: bytearray | None) -> bytes | memoryview | None:
+        async def finish(answer: memoryview | None) -> bytes | memoryview | None:
             assert answer is not None
             start = response_body_start(answer, api_key, version)
             try:
@@ -336,7 +343,7 @@ class ClientConnection:
     def _completing(self, api_key: int, version: int, correlation_id: int, request: Any) -> Finish:
         complete = answers.list_offsets if api_key == LIST_OFFSETS else answers.offset_for_leader_epoch
 
-        async def finish(answer: bytearray | None) -> bytes | memoryview | None:
+        async def finish(answer: memoryview | None) -> bytes | memoryview | None:
             assert answer is not None
             body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
             loop = asyncio.get_running_loop()
@@ -352,7 +359,7 @@ class ClientConnection:
 
     async def _forward(self, frame: bytes) -> None:
         assert self.upstream is not None
-        await self.upstream.write(_SIZE.pack(len(frame)), frame)
+        await self.upstream.write_frame(frame)
 
     # -- answers --------------------------------------------------------------------------------
     async def _write_answers(self) -> None:
@@ -376,8 +383,7 @@ class ClientConnection:
             out = await slot.finish(answer) if slot.finish is not None else None
             if out is None:
                 assert answer is not None
-                writer.write(_SIZE.pack(len(answer)))
-                writer.write(answer)
+                writer.write(sized(answer))
                 size = len(answer) + 4
             else:
                 writer.write(out)
@@ -405,7 +411,7 @@ class ClientConnection:
 def _answered(frame: memoryview) -> Finish:
     """A slot's completion for an answer the proxy gives itself (no broker frame)."""
 
-    async def finish(_answer: bytearray | None) -> memoryview:
+    async def finish(_answer: memoryview | None) -> memoryview:
         return frame
 
     return finish

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError
+from reader.proxy.fetch_scan import ScannedPartition
 from reader.proxy.protocol import build, nested, response_type
 from reader.proxy.remote_batches import ServedBatches
 from reader.proxy.tiered import TieredView, TopicKey
@@ -235,15 +237,14 @@ class FetchPlan:
         hold it: ``merge`` then blocks on the catalog, run it off the event loop)."""
         return any(p.error_code == ErrorCode.offset_out_of_range for t in broker.responses for p in t.partitions)
 
-    def observe(self, broker: Any, view: TieredView) -> None:
-        """Learn the broker's offsets from its answer (all ``merge`` does when nothing changes)."""
-        for t in broker.responses:
-            key = t.topic_id if self.version >= 13 else t.topic
-            for p in t.partitions:
-                name = self.offsets.get((key, int(p.partition_index)), (None, -1, 0))[0]
-                topic = None if name is None or p.error_code != ErrorCode.none else self._known(view, key, name)
-                if topic is not None:
-                    _observe(view, topic, p)
+    def observe(self, partitions: Iterable[ScannedPartition], view: TieredView) -> None:
+        """Learn the broker's offsets from its answer's partitions (``fetch_scan``): those without error of the
+        topics the request named."""
+        for p in partitions:
+            name = self.offsets.get((p.topic, p.partition), (None, -1, 0))[0]
+            topic = None if name is None or p.error_code else self._known(view, p.topic, name)
+            if topic is not None:
+                view.observe(topic, p.partition, p.log_start_offset, p.high_watermark, p.last_stable_offset)
 
     def merge(self, broker: Any, view: TieredView) -> tuple[Any, bool]:
         """The broker's answer with each probe the broker allowed replaced by its remote partition (read now

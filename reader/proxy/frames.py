@@ -25,6 +25,14 @@ import struct
 from reader.proxy.budget import ByteBudget
 
 _SIZE = struct.Struct(">i")
+_JOIN_BELOW = 1 << 16  # a frame up to this size is copied behind its size prefix rather than written apart
+
+
+def sized(frame: memoryview) -> memoryview:
+    """A frame from ``next_frame`` with its size prefix: the bytes as received, to pass on in one write."""
+    whole = memoryview(frame.obj)  # type: ignore[arg-type]
+    assert whole.nbytes == frame.nbytes + 4
+    return whole
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
@@ -36,18 +44,17 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.held = 0  # bytes taken from the budget for frames not yet done
         self.waiting: asyncio.Task[None] | None = None  # room for the frame whose size arrived
         self.transport: asyncio.Transport | None = None
-        self.frames: collections.deque[bytearray | BaseException | None] = collections.deque()
+        self.frames: collections.deque[bytearray | BaseException | None] = collections.deque()  # size included
         self.waiter: asyncio.Future[None] | None = None
         self.head = bytearray(4)
-        self.frame: bytearray | None = None  # the frame being received (after its size)
+        self.frame: bytearray | None = None  # the frame being received, its size prefix first
         self.filled = 0
         self.drained: asyncio.Future[None] | None = None
         self.paused = False
 
     # -- receiving --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.frame is None:
@@ -73,17 +80,18 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self.waiting = asyncio.get_running_loop().create_task(self._room(size))
                 return
             self._start(size)
-            if size:
-                return
         if self.filled == len(self.frame):
             frame, self.frame, self.filled = self.frame, None, 0
             self._push(frame)
             self._flow()
 
     def _start(self, size: int) -> None:
-        """Receive a frame of ``size`` bytes, taken from the budget."""
+        """Receive a frame of ``size`` bytes, taken from the budget, after its size prefix (kept: an answer
+        passed on unchanged goes out as one buffer, ``sized``)."""
         self.held += size
-        self.frame, self.filled = bytearray(size), 0
+        self.frame = bytearray(4 + size)
+        self.frame[:4] = self.head
+        self.filled = 4
 
     async def _room(self, size: int) -> None:
         await self.budget.take(size)
@@ -126,7 +134,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def next_frame(self) -> bytearray | None:
+    async def next_frame(self) -> memoryview | None:
+        """The next frame's bytes after its size prefix (``sized`` gives the whole)."""
         while not self.frames:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
@@ -136,7 +145,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._flow()
         if isinstance(item, BaseException):
             raise item
-        return item
+        return None if item is None else memoryview(item)[4:]
 
     # -- sending ----------------------------------------------------------------------------------
     def pause_writing(self) -> None:
@@ -147,12 +156,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
 
-    async def write(self, *parts: bytes | bytearray | memoryview) -> None:
+    async def write_frame(self, frame: bytes | memoryview) -> None:
+        """Send ``frame`` after its size prefix, in one write (one system call) unless it is large."""
         assert self.transport is not None
         if self.transport.is_closing():
             raise ConnectionError("the broker connection is closed")
-        for part in parts:
-            self.transport.write(part)
+        if len(frame) <= _JOIN_BELOW:
+            self.transport.write(_SIZE.pack(len(frame)) + frame)
+        else:
+            self.transport.write(_SIZE.pack(len(frame)))
+            self.transport.write(frame)
         if self.paused:
             self.drained = asyncio.get_running_loop().create_future()
             await self.drained

@@ -108,7 +108,7 @@ def read_request_head(frame: bytes | memoryview) -> RequestHead:
         client_id = bytes(frame[pos : pos + length]).decode("utf-8", "replace")
         pos += length
     if _request_flexible_header(api_key, version):
-        pos = _skip_tagged_fields(frame, pos)
+        pos = skip_tagged_fields(frame, pos)
     if pos > len(frame):
         raise ProtocolError("request header runs past the frame")
     return RequestHead(api_key, version, correlation_id, client_id, pos)
@@ -118,15 +118,15 @@ def response_body_start(frame: bytes | memoryview, api_key: int, version: int) -
     """Where a response's body starts (after the correlation id and, in header v1, tagged fields)."""
     pos = 4
     if response_flexible_header(api_key, version):
-        pos = _skip_tagged_fields(frame, pos)
+        pos = skip_tagged_fields(frame, pos)
     return pos
 
 
-def _uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(buf) or shift > 28:
-            raise ProtocolError("malformed unsigned varint in a header")
+            raise ProtocolError("malformed unsigned varint")
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift
@@ -135,11 +135,11 @@ def _uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
-    count, pos = _uvarint(buf, pos)
+def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    count, pos = uvarint(buf, pos)
     for _ in range(count):
-        _, pos = _uvarint(buf, pos)
-        size, pos = _uvarint(buf, pos)
+        _, pos = uvarint(buf, pos)
+        size, pos = uvarint(buf, pos)
         pos += size
     return pos
 

@@ -252,6 +252,10 @@ class ProxyServer:
                 errors.append(f"{host}:{port}: {exc or 'timed out'}")
         raise UpstreamUnavailable(f"no broker reachable for node {node}: {'; '.join(errors)}")
 
+    def count_passed(self, partitions: int) -> None:
+        """A Fetch answer passed through as the broker gave it: its partitions all came from the broker."""
+        self.metrics.fetch_partitions.labels("broker").inc(partitions)
+
     def count_fetch(self, answer: Any, plan: FetchPlan) -> None:
         remote_keys = plan.served_remote
         key_field = "topic_id" if plan.version >= 13 else "topic"
