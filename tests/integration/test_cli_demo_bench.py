@@ -129,7 +129,9 @@ def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints)
     lines = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
     summary = lines[-1]
     assert set(summary) >= {"ratio", "passthrough_ratio", "remote_mb_s", "broker_mb_s", "passthrough_mb_s",
-                            "proxy_cpu_s_per_gb", "proxy_peak_rss_mb"}  # fmt: skip
+                            "proxy_cpu_s_per_gb", "passthrough_cpu_s_per_gb", "first_remote_record_ms",
+                            "proxy_peak_rss_mb"}  # fmt: skip
+    assert all(v > 0 for v in summary["first_remote_record_ms"].values())
     sides = [(r["side"], r["record_size"]) for r in lines[:-1]]
     assert sides == [(s, n) for n in (100, 1024) for s in ("remote", "broker", "passthrough")]
     for r in lines[:-1]:
