@@ -49,6 +49,7 @@ from reader.proxy.protocol import (
     request_type,
     response_body_start,
     response_frame,
+    response_pieces,
     response_type,
 )
 from reader.proxy.routing import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE
@@ -61,7 +62,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
 _SIZE = struct.Struct(">i")
-Finish = Callable[[memoryview | None], Awaitable[bytes | memoryview | None]]
+Answer = bytes | memoryview | list[bytes | memoryview]  # one buffer, or pieces to write in order
+Finish = Callable[[memoryview | None], Awaitable[Answer | None]]
 
 
 class ConnectionClosed(Exception):
@@ -246,7 +248,7 @@ class ClientConnection:
             frame = request_frame(head, frame, plan.upstream)
         await self._forward(frame)
 
-        async def finish(answer: memoryview | None) -> bytes | memoryview | None:
+        async def finish(answer: memoryview | None) -> Answer | None:
             assert answer is not None
             start = response_body_start(answer, FETCH, version)
             if not plan.remote:  # the broker's answer as it is, unless it has an error or addresses (fetch_scan.py)
@@ -283,10 +285,10 @@ class ClientConnection:
                 self.throttled_until = max(self.throttled_until, time.monotonic() + throttle_ms / 1000)
                 if version < 8:  # clients before KIP-219 do not wait on their own: the answer waits instead
                     await asyncio.sleep(throttle_ms / 1000)
-                return response_frame(correlation_id, FETCH, version, body)
+                return response_pieces(correlation_id, FETCH, version, body)
             if plan.remote and plan.empty(body):
                 await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
-            return response_frame(correlation_id, FETCH, version, body) if changed else None
+            return response_pieces(correlation_id, FETCH, version, body) if changed else None
 
         slot = Slot(FETCH, version, correlation_id, started, True, finish, "remote" if plan.remote else "broker")
         return slot
@@ -317,7 +319,7 @@ class ClientConnection:
         return True
 
     def _rewriting(self, api_key: int, version: int, correlation_id: int) -> Finish:
-        async def finish(answer: memoryview | None) -> bytes | memoryview | None:
+        async def finish(answer: memoryview | None) -> Answer | None:
             assert answer is not None
             start = response_body_start(answer, api_key, version)
             try:
@@ -343,7 +345,7 @@ class ClientConnection:
     def _completing(self, api_key: int, version: int, correlation_id: int, request: Any) -> Finish:
         complete = answers.list_offsets if api_key == LIST_OFFSETS else answers.offset_for_leader_epoch
 
-        async def finish(answer: memoryview | None) -> bytes | memoryview | None:
+        async def finish(answer: memoryview | None) -> Answer | None:
             assert answer is not None
             body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
             loop = asyncio.get_running_loop()
@@ -386,8 +388,10 @@ class ClientConnection:
                 writer.write(sized(answer))
                 size = len(answer) + 4
             else:
-                writer.write(out)
-                size = len(out)
+                size = 0
+                for piece in out if isinstance(out, list) else (out,):
+                    writer.write(piece)
+                    size += len(piece)
             await self._drain()
             if answer is not None:
                 self.upstream.done(len(answer))  # type: ignore[union-attr]

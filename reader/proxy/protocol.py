@@ -30,6 +30,7 @@ from tiering_core.errors import TieringError
 API_VERSIONS = 18
 _HEAD = struct.Struct(">hhi")
 _INT32 = struct.Struct(">i")
+_GATHER_FROM = 1 << 14  # a write of this size or more is a piece of its own
 
 
 class ProtocolError(TieringError):
@@ -175,17 +176,48 @@ def request_frame(head: RequestHead, frame: bytes | memoryview, body: Any) -> by
 
 
 def response_frame(correlation_id: int, api_key: int, version: int, body: Any) -> memoryview:
-    """A whole response frame (size prefix included) with ``body``, written into one buffer: the record
-    batches in it are copied once (a Fetch answer's bytes are most of what the proxy moves)."""
-    buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
-    buf.write(_INT32.pack(correlation_id))
+    """A whole response frame (size prefix included) with ``body``, written into one buffer."""
+    return memoryview(b"".join(response_pieces(correlation_id, api_key, version, body)))
+
+
+def response_pieces(correlation_id: int, api_key: int, version: int, body: Any) -> list[bytes | memoryview]:
+    """A whole response frame (size prefix included) with ``body`` as the pieces to write in order: the
+    encoded fields, and between them, by reference, the large byte strings of the body (a Fetch answer's
+    record batches, most of what the proxy moves), which are never copied into one buffer."""
+    out = _Gather()
+    out.write(b"\0\0\0\0")
+    out.write(_INT32.pack(correlation_id))
     if response_flexible_header(api_key, version):
-        buf.write(b"\x00")
-    entity_writer(type(body))(buf, body)
-    view = buf.getbuffer()
-    _INT32.pack_into(view, 0, len(view) - 4)
-    return view
+        out.write(b"\x00")
+    entity_writer(type(body))(out, body)
+    return out.finish()
+
+
+class _Gather:
+    """A ``kio`` writer: small writes (fields, lengths) are copied into a buffer, large ones kept as given."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes | memoryview] = []
+        self.small = bytearray()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        size = len(data)
+        self.size += size
+        if size < _GATHER_FROM:
+            self.small += data
+        else:
+            if self.small:
+                self.pieces.append(self.small)
+                self.small = bytearray()
+            self.pieces.append(memoryview(data))  # a view: what a send() does not take is not sliced off a copy
+        return size
+
+    def finish(self) -> list[bytes | memoryview]:
+        if self.small:
+            self.pieces.append(self.small)
+        _INT32.pack_into(self.pieces[0], 0, self.size - 4)  # the size prefix: the first piece starts with it
+        return self.pieces
 
 
 def build(entity_type: type, **values: Any) -> Any:

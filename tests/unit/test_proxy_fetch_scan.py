@@ -4,6 +4,7 @@ version the proxy handles, and skips what it does not need (records, tagged fiel
 from __future__ import annotations
 
 import datetime
+import struct
 import uuid
 
 import pytest
@@ -11,14 +12,23 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
 from reader.proxy.fetch_scan import ScannedPartition, scan_fetch
-from reader.proxy.protocol import ProtocolError, build, nested, response_body_start, response_frame, response_type
+from reader.proxy.protocol import (
+    ProtocolError,
+    build,
+    nested,
+    parse,
+    response_body_start,
+    response_frame,
+    response_pieces,
+    response_type,
+)
 
 VERSIONS = range(4, 19)
 TOPIC_IDS = (uuid.UUID(int=7), uuid.UUID(int=11))
 
 
-def _answer(version: int, *, error: ErrorCode = ErrorCode.none, endpoints: bool = False,
-            diverging: bool = False) -> tuple[memoryview, list[ScannedPartition]]:  # fmt: skip
+def _answer(version: int, *, error: ErrorCode = ErrorCode.none, endpoints: bool = False, diverging: bool = False,
+            record_copies: int = 3) -> tuple[memoryview, list[ScannedPartition]]:  # fmt: skip
     """A Fetch answer frame (without its size) of two topics, the first with two partitions (one with aborted
     transactions and records, one with null records), and the partition headers it must scan to."""
     response = response_type(1, version)
@@ -31,7 +41,7 @@ def _answer(version: int, *, error: ErrorCode = ErrorCode.none, endpoints: bool 
         key = topic_id if version >= 13 else name
         parts = []
         for index in range(2 - t):
-            records = bytes(range(256)) * (index + 3) if index == 0 else None
+            records = bytes(range(256)) * record_copies if index == 0 else None
             code = error if t == 1 else ErrorCode.none
             values = dict(partition_index=i32(index), error_code=code, high_watermark=i64(1000 + index),
                           last_stable_offset=i64(900 + index), log_start_offset=i64(100 + index),
@@ -51,6 +61,18 @@ def _answer(version: int, *, error: ErrorCode = ErrorCode.none, endpoints: bool 
         values["node_endpoints"] = (build(endpoint_type, node_id=i32(1), host="broker", port=i32(9092), rack=None),)
     frame = response_frame(42, 1, version, build(response, **values))[4:]
     return frame, expected
+
+
+@pytest.mark.parametrize("version", (4, 12, 13, 18))
+def test_response_pieces_join_to_the_frame_with_the_records_by_reference(version: int) -> None:
+    frame, _ = _answer(version, record_copies=256)  # 64 KiB of records in each topic's first partition
+    body = parse(response_type(1, version), frame, response_body_start(frame, 1, version))
+    pieces = response_pieces(42, 1, version, body)
+    assert b"".join(pieces) == struct.pack(">i", len(frame)) + bytes(frame)
+    records = [p.records for t in body.responses for p in t.partitions if p.records]
+    assert len(records) == 2
+    shared = [piece.obj for piece in pieces if isinstance(piece, memoryview)]
+    assert len(shared) == 2 and all(a is b for a, b in zip(shared, records, strict=True))  # not copied
 
 
 @pytest.mark.parametrize("version", VERSIONS)
