@@ -191,6 +191,11 @@ class FetchPlan:
             self.upstream = dataclasses.replace(self.upstream, max_bytes=i32(left))
 
     @property
+    def probes_only(self) -> bool:
+        """The broker is asked only probes (every partition of the request is served from remote)."""
+        return sum(len(t.partitions) for t in self.upstream.topics) == len(self.remote)
+
+    @property
     def unread(self) -> bool:
         """Remote partitions are still to be read (``merge`` would block: run it off the event loop)."""
         return any(not part.read for part in self.remote)
