@@ -317,6 +317,13 @@ class MetadataManager:
             p = self.state.partition(topic_id, partition)
             return None if p is None else p.summary()
 
+    def remote_bounds(self, topic_id: str, partition: int) -> tuple[int | None, int | None, int] | None:
+        """(Rx, Ry, the log start a user set with delete_records) without the rest of ``partition_state`` (sizes
+        and counts walk every copy); None for an unknown partition."""
+        with self.lock:
+            p = self.state.partition(topic_id, partition)
+            return None if p is None else (*p.bounds(), p.log_starts.log_start)
+
     def partition_changed(self, topic_id: str, partition: int) -> int:
         """A number that changes whenever a record about the partition is applied (0 while none was): equal
         answers mean its remote state is the same, without reading it."""

@@ -55,8 +55,8 @@ class RemotePartitionState(NamedTuple):
 
 class PartitionSegments:
     __slots__ = (
-        "base", "changed", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids", "log_starts",
-        "max_span", "max_ts", "order", "size", "state", "topic",
+        "base", "bounds_at", "changed", "delete_state", "end", "epoch", "event_time", "fence", "first_ts", "ids",
+        "log_starts", "max_span", "max_ts", "order", "size", "state", "topic",
     )  # fmt: skip
 
     def __init__(self, topic: str) -> None:
@@ -76,6 +76,7 @@ class PartitionSegments:
         self.delete_state: PartitionDeleteState | None = None
         self.log_starts = LogStarts()
         self.changed = 0  # MetadataState.changes when a record about this partition was last applied
+        self.bounds_at: tuple[int, int | None, int | None] | None = None  # (changed, Rx, Ry): ``bounds``
 
     def __len__(self) -> int:
         return len(self.state)
@@ -146,6 +147,13 @@ class PartitionSegments:
                 if ry is None or end[r] > ry:
                     ry = end[r]
         return rx, ry
+
+    def bounds(self) -> tuple[int | None, int | None]:
+        """``remote_bounds`` computed once per change of the partition: every fetch a reader routes asks them
+        (the access layer, per partition of every Fetch), and the walk is over all the partition's copies."""
+        if self.bounds_at is None or self.bounds_at[0] != self.changed:
+            self.bounds_at = (self.changed, *self.remote_bounds())
+        return self.bounds_at[1], self.bounds_at[2]
 
     def stored_size(self) -> int:
         """Bytes of every finished copy, overlapping ones included: what the store holds."""
@@ -253,7 +261,7 @@ class PartitionSegments:
             fresh.add(bytes(self.ids[r * 16 : r * 16 + 16]), self.state[r], self.epoch[r], self.event_time[r],
                       self.base[r], self.end[r], self.first_ts[r], self.max_ts[r], self.size[r])  # fmt: skip
         for name in self.__slots__:
-            if name not in ("changed", "fence", "delete_state", "log_starts", "topic"):
+            if name not in ("bounds_at", "changed", "fence", "delete_state", "log_starts", "topic"):
                 setattr(self, name, getattr(fresh, name))
         return dropped
 

@@ -240,10 +240,11 @@ class MetadataCatalog:
         Rx is never below the log start offset a user set with ``delete_records`` (as the sidecar recorded
         it): the records below are deleted for every reader, as in the broker, even while a copy that
         straddles that offset still holds them. Rx may then exceed Ry: nothing remote is readable."""
-        state = self.manager.partition_state(topic_id or self.topic_id(topic), partition)
-        if state is None or state.remote_start_offset is None:
+        found = self.manager.remote_bounds(topic_id or self.topic_id(topic), partition)
+        if found is None or found[0] is None:
             return None, None
-        return max(state.remote_start_offset, state.log_starts.log_start), state.remote_end_offset
+        rx, ry, log_start = found
+        return max(rx, log_start), ry
 
     def ref(self, topic: str, partition: int, segment: RemoteSegment, topic_id: str | None = None) -> SegmentRef:
         """The object keys' identity of a copy."""

@@ -67,6 +67,21 @@ def test_deleted_segments_leave_the_bounds_and_are_compacted() -> None:
     assert p.segment_for_offset(8005).segment_id == ids[800].bytes
 
 
+def test_cached_bounds_follow_every_record_about_the_partition(tmp_path: Path) -> None:
+    """``bounds`` (what readers ask per fetch) is computed once per change and never stale: a copy finished, a
+    copy deleted, and a partition loaded from a snapshot each give the bounds the copies give."""
+    state = MetadataState()
+    first = finished(state, 0, 99)
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None and p.bounds() == (0, 99)
+    finished(state, 100, 199)
+    assert p.bounds() == p.remote_bounds() == (0, 199)
+    assert state.apply(seg(first, S.DELETE_SEGMENT_STARTED, 0, 99)).accepted
+    assert p.bounds() == p.remote_bounds() == (100, 199)
+    loaded = load_snapshot(write_snapshot(tmp_path, state, {0: 5})).state.partition(TOPIC_ID, 0)
+    assert loaded is not None and loaded.bounds() == (100, 199)
+
+
 def test_record_codec_round_trip_and_bad_input() -> None:
     record = seg(uuid.uuid4(), S.COPY_SEGMENT_STARTED, 5, 10)
     assert decode(record.encode()) == record
