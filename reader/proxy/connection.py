@@ -37,6 +37,7 @@ from reader.proxy import answers
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
 from reader.proxy.fetch import FETCH, FetchPlan
+from reader.proxy.fetch_request import patched_fetch_request
 from reader.proxy.fetch_scan import scan_fetch
 from reader.proxy.frames import FrameProtocol, sized
 from reader.proxy.protocol import (
@@ -249,7 +250,8 @@ class ClientConnection:
             clamped = True
         sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
         if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
-            frame = request_frame(head, frame, plan.upstream)
+            patched = patched_fetch_request(frame, head.body, version, plan.upstream)  # fetch_request.py
+            frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
         await self._forward(frame)
 
         async def finish(answer: memoryview | None) -> Answer | None:

@@ -17,7 +17,7 @@ import struct
 import uuid
 from typing import NamedTuple
 
-from reader.proxy.protocol import ProtocolError, skip_tagged_fields, uvarint
+from reader.proxy.protocol import ProtocolError, array_length, skip_tagged_fields, string_length, uvarint
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -61,7 +61,7 @@ def _scan(buf: bytes | bytearray | memoryview, version: int, pos: int) -> Scanne
     if version >= 7:
         (error_code,) = _I16.unpack_from(buf, pos)
         pos += 6  # error_code, session_id
-    topics, pos = _array(buf, pos, flexible)
+    topics, pos = array_length(buf, pos, flexible)
     partitions: list[ScannedPartition] = []
     for _ in range(topics):
         topic: str | uuid.UUID
@@ -69,10 +69,10 @@ def _scan(buf: bytes | bytearray | memoryview, version: int, pos: int) -> Scanne
             topic = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
             pos += 16
         else:
-            size, pos = _string_size(buf, pos, flexible)
+            size, pos = string_length(buf, pos, flexible)
             topic = bytes(buf[pos : pos + size]).decode()
             pos += size
-        count, pos = _array(buf, pos, flexible)
+        count, pos = array_length(buf, pos, flexible)
         for _ in range(count):
             index, error, high, stable = _PARTITION_HEAD.unpack_from(buf, pos)
             pos += _PARTITION_HEAD.size
@@ -80,7 +80,7 @@ def _scan(buf: bytes | bytearray | memoryview, version: int, pos: int) -> Scanne
             if version >= 5:
                 (log_start,) = _I64.unpack_from(buf, pos)
                 pos += 8
-            aborted, pos = _array(buf, pos, flexible, nullable=True)
+            aborted, pos = array_length(buf, pos, flexible)
             for _ in range(aborted):  # producer_id, first_offset (and tagged fields)
                 pos += 16
                 if flexible:
@@ -108,22 +108,3 @@ def _scan(buf: bytes | bytearray | memoryview, version: int, pos: int) -> Scanne
     if pos != len(buf):
         raise ProtocolError(f"a Fetch v{version} answer has {len(buf) - pos} bytes after its fields")
     return ScannedFetch(error_code, partitions, tagged)
-
-
-def _array(buf: bytes | bytearray | memoryview, pos: int, flexible: bool, nullable: bool = False) -> tuple[int, int]:
-    """An array's length (0 for null) and where its items start."""
-    if flexible:
-        n, pos = uvarint(buf, pos)
-        return max(n - 1, 0), pos
-    (n,) = _I32.unpack_from(buf, pos)
-    if n < 0 and not nullable:
-        raise ValueError(f"a non-nullable array of length {n}")
-    return max(n, 0), pos + 4
-
-
-def _string_size(buf: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
-    if flexible:
-        n, pos = uvarint(buf, pos)
-        return n - 1, pos
-    (n,) = _I16.unpack_from(buf, pos)
-    return n, pos + 2

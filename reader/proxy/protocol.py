@@ -29,6 +29,7 @@ from tiering_core.errors import TieringError
 
 API_VERSIONS = 18
 _HEAD = struct.Struct(">hhi")
+_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _GATHER_FROM = 1 << 14  # a write of this size or more is a piece of its own
 
@@ -143,6 +144,25 @@ def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
         size, pos = uvarint(buf, pos)
         pos += size
     return pos
+
+
+def array_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array's item count (0 for null) and where its items start: a compact array (count + 1 as an
+    unsigned varint) in the flexible versions, else an int32 count."""
+    if flexible:
+        n, pos = uvarint(buf, pos)
+        return max(n - 1, 0), pos
+    (n,) = _INT32.unpack_from(buf, pos)
+    return max(n, 0), pos + 4
+
+
+def string_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """A string's byte length (0 for null) and where its bytes start (compact or int16 length)."""
+    if flexible:
+        n, pos = uvarint(buf, pos)
+        return max(n - 1, 0), pos
+    (n,) = _INT16.unpack_from(buf, pos)
+    return max(n, 0), pos + 2
 
 
 def parse(entity_type: type, frame: bytes | bytearray | memoryview, start: int) -> Any:
