@@ -37,6 +37,7 @@ from reader.proxy import answers
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
 from reader.proxy.fetch import FETCH, FetchPlan
+from reader.proxy.fetch_answer import encode_fetch_answer
 from reader.proxy.fetch_request import patched_fetch_request
 from reader.proxy.fetch_scan import scan_fetch
 from reader.proxy.frames import FrameProtocol, sized
@@ -50,7 +51,6 @@ from reader.proxy.protocol import (
     request_type,
     response_body_start,
     response_frame,
-    response_pieces,
     response_type,
 )
 from reader.proxy.routing import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE
@@ -293,10 +293,10 @@ class ClientConnection:
                 self.throttled_until = max(self.throttled_until, time.monotonic() + throttle_ms / 1000)
                 if version < 8:  # clients before KIP-219 do not wait on their own: the answer waits instead
                     await asyncio.sleep(throttle_ms / 1000)
-                return response_pieces(correlation_id, FETCH, version, body)
+                return encode_fetch_answer(correlation_id, version, body)
             if plan.remote and plan.empty(body):
                 await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
-            return response_pieces(correlation_id, FETCH, version, body) if changed else None
+            return encode_fetch_answer(correlation_id, version, body) if changed else None
 
         slot = Slot(FETCH, version, correlation_id, started, True, finish, "remote" if plan.remote else "broker")
         return slot

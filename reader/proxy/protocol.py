@@ -204,7 +204,7 @@ def response_pieces(correlation_id: int, api_key: int, version: int, body: Any) 
     """A whole response frame (size prefix included) with ``body`` as the pieces to write in order: the
     encoded fields, and between them, by reference, the large byte strings of the body (a Fetch answer's
     record batches, most of what the proxy moves), which are never copied into one buffer."""
-    out = _Gather()
+    out = Gather()
     out.write(b"\0\0\0\0")
     out.write(_INT32.pack(correlation_id))
     if response_flexible_header(api_key, version):
@@ -213,7 +213,7 @@ def response_pieces(correlation_id: int, api_key: int, version: int, body: Any) 
     return out.finish()
 
 
-class _Gather:
+class Gather:
     """A ``kio`` writer: small writes (fields, lengths) are copied into a buffer, large ones kept as given."""
 
     def __init__(self) -> None:

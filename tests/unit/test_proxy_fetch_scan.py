@@ -1,5 +1,6 @@
-"""The scan of pass-through Fetch answers reads the same partition headers as kio's full parse, at every
-version the proxy handles, and skips what it does not need (records, tagged fields) by its size."""
+"""Fetch answers without kio: the scan of pass-through answers reads the same partition headers as kio's full
+parse, and the hand encoder of the answers the proxy builds writes the same bytes as kio's, at every version the
+proxy handles (records and unknown tagged fields skipped by their size, records written by reference)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
+from reader.proxy.fetch_answer import fetch_answer_pieces
 from reader.proxy.fetch_scan import ScannedPartition, scan_fetch
 from reader.proxy.protocol import (
     ProtocolError,
@@ -105,3 +107,23 @@ def test_a_truncated_or_padded_answer_is_a_protocol_error(version: int) -> None:
     for broken in (frame[: len(frame) - 10], bytes(frame) + b"\0"):
         with pytest.raises(ProtocolError):
             scan_fetch(broken, version, start)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_hand_encoder_writes_what_kio_writes(version: int) -> None:
+    frame, _ = _answer(version, record_copies=256)
+    body = parse(response_type(1, version), frame, response_body_start(frame, 1, version))
+    pieces = fetch_answer_pieces(42, version, body)
+    assert pieces is not None
+    assert b"".join(pieces) == b"".join(response_pieces(42, 1, version, body))
+    assert sum(isinstance(piece, memoryview) for piece in pieces) == 2  # the records, by reference
+
+
+@pytest.mark.parametrize("version", range(12, 19))
+def test_an_answer_with_tagged_fields_is_left_to_kio(version: int) -> None:
+    for shape in ({"diverging": True}, {"endpoints": True}):
+        if "endpoints" in shape and version < 16:
+            continue
+        frame, _ = _answer(version, **shape)  # type: ignore[arg-type]
+        body = parse(response_type(1, version), frame, response_body_start(frame, 1, version))
+        assert fetch_answer_pieces(42, version, body) is None
