@@ -65,24 +65,16 @@ def fetch_answer_pieces(correlation_id: int, version: int, body: Any) -> list[by
             if version >= 5:
                 small += _I64.pack(int(p.log_start_offset))
             aborted = p.aborted_transactions
-            if aborted is None:
-                small += b"\0" if flexible else b"\xff\xff\xff\xff"
-            else:
-                _length(small, len(aborted), flexible)
-                for a in aborted:
-                    small += _TXN.pack(int(a.producer_id), int(a.first_offset))
-                    if flexible:
-                        small.append(0)
+            _length(small, None if aborted is None else len(aborted), flexible)
+            for a in aborted or ():
+                small += _TXN.pack(int(a.producer_id), int(a.first_offset))
+                if flexible:
+                    small.append(0)
             if version >= 11:
                 small += _I32.pack(int(p.preferred_read_replica))
             records = p.records
-            if records is None:
-                small += b"\0" if flexible else b"\xff\xff\xff\xff"
-            else:
-                if flexible:
-                    _uvarint(small, len(records) + 1)
-                else:
-                    small += _I32.pack(len(records))
+            _length(small, None if records is None else len(records), flexible)
+            if records is not None:
                 out.write(small)
                 small = bytearray()
                 out.write(records)
@@ -105,11 +97,13 @@ def _tagged_defaults(version: int) -> tuple[Any, ...]:
     return tuple(fields[name].default for name in _TAGGED)
 
 
-def _length(buf: bytearray, n: int, flexible: bool) -> None:
+def _length(buf: bytearray, n: int | None, flexible: bool) -> None:
+    """An array's count or a byte string's length (None: null), compact (+1, unsigned varint) or int32: the
+    two encodings Kafka's records and (nullable) arrays share."""
     if flexible:
-        _uvarint(buf, n + 1)
+        _uvarint(buf, 0 if n is None else n + 1)
     else:
-        buf += _I32.pack(n)
+        buf += _I32.pack(-1 if n is None else n)
 
 
 def _uvarint(buf: bytearray, value: int) -> None:
