@@ -4,7 +4,8 @@ asyncio's StreamReader copies every received chunk into a bytearray, then each `
 the frame out and moves the rest of the buffer down: three copies of a 1 MiB Fetch answer before the
 proxy looks at it (py-spy: the largest part of a pass-through read). ``FrameProtocol`` is a
 ``BufferedProtocol``: the size prefix is read first, then the kernel writes the frame straight into a
-buffer of exactly its size, which is handed on whole.
+buffer of its size behind that prefix, which is handed on whole (``next_frame``) and, when the proxy
+changes nothing, written to the client as received in one write (``sized``).
 
 It is also where a client that does not read its answers stops the broker (Kroxylicious toggles autoRead
 the same way): reading from the broker pauses while a received answer waits for the writing task, which
