@@ -75,6 +75,4 @@ def _patch(frame: bytes | memoryview, pos: int, version: int, upstream: Any) -> 
         forgotten, _ = array_length(out, pos, flexible)
         if forgotten != len(upstream.forgotten_topics_data):
             return None  # a fetch session's forgotten topics are dropped (sessionless): the layout changes
-        if forgotten:
-            return None
     return bytes(out)

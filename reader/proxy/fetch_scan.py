@@ -20,7 +20,6 @@ from typing import NamedTuple
 from reader.proxy.protocol import ProtocolError, array_length, skip_tagged_fields, string_length, uvarint
 
 _I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset
 _I64 = struct.Struct(">q")
 
@@ -87,13 +86,7 @@ def _scan(buf: bytes | bytearray | memoryview, version: int, pos: int) -> Scanne
                     pos = skip_tagged_fields(buf, pos)
             if version >= 11:
                 pos += 4  # preferred_read_replica
-            if flexible:
-                size, pos = uvarint(buf, pos)
-                size = max(size - 1, 0)
-            else:
-                (size,) = _I32.unpack_from(buf, pos)
-                pos += 4
-                size = max(size, 0)
+            size, pos = array_length(buf, pos, flexible)  # records: a (nullable) byte string, sized the same way
             pos += size
             if flexible:
                 pos = skip_tagged_fields(buf, pos)

@@ -55,7 +55,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     # -- receiving --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.frame is None:

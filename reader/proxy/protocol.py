@@ -148,7 +148,8 @@ def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
 
 def array_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
     """An array's item count (0 for null) and where its items start: a compact array (count + 1 as an
-    unsigned varint) in the flexible versions, else an int32 count."""
+    unsigned varint) in the flexible versions, else an int32 count. Records and bytes are sized the same
+    way (their byte length in place of the count)."""
     if flexible:
         n, pos = uvarint(buf, pos)
         return max(n - 1, 0), pos

@@ -80,8 +80,14 @@ def test_response_pieces_join_to_the_frame_with_the_records_by_reference(version
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_scan_reads_what_kio_parses(version: int) -> None:
     frame, expected = _answer(version, diverging=True)
-    scan = scan_fetch(frame, version, response_body_start(frame, 1, version))
-    assert scan.partitions == expected
+    start = response_body_start(frame, 1, version)
+    scan = scan_fetch(frame, version, start)
+    parsed = parse(response_type(1, version), frame, start)
+    kio_read = [ScannedPartition(t.topic_id if version >= 13 else t.topic, int(p.partition_index),
+                                 int(p.error_code), int(p.high_watermark), int(p.last_stable_offset),
+                                 int(getattr(p, "log_start_offset", -1)), len(p.records or b""))
+                for t in parsed.responses for p in t.partitions]  # fmt: skip
+    assert scan.partitions == kio_read == expected
     assert scan.plain
 
 
