@@ -77,7 +77,11 @@ def column_outcome(name: str, data: bytes, *, first: int = 0, last: int = 2**63 
 
     def run() -> list:
         batches = list(read_slice(MemoryStore(data), part, window_bytes=window, max_rows=max_rows))
-        return pa.Table.from_batches(batches, schema=SCHEMA).to_pylist()
+        table = pa.Table.from_batches(batches, schema=SCHEMA)
+        # timestamps as their int64 values: Spark's range reaches past Python's datetime (year 9999), and a
+        # damaged record's timestamp may lie there (to_pylist raised OverflowError on it)
+        as_ints = pa.schema([f.with_type(pa.int64()) if pa.types.is_timestamp(f.type) else f for f in table.schema])
+        return table.cast(as_ints).to_pylist()
 
     with decoder(name):
         return _result(run)
