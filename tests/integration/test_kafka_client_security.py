@@ -72,6 +72,11 @@ def test_sidecar_and_reader_work_through_a_sasl_listener(
     )  # fmt: skip
     assert consumed.returncode == 0, consumed.stderr.decode()[-3000:]
     rows = [line.split(b"\t") for line in consumed.stdout.splitlines()]
+    offsets = [int(where.split(b" ")[0].split(b":")[1]) for where, _ in rows]
+    assert offsets == list(range(len(produced))), (
+        f"offsets read {offsets[:3]}...{offsets[-3:]} ({len(offsets)}, {len(set(offsets))} distinct), not each of "
+        f"0-{len(produced) - 1} once in order; stderr: {consumed.stderr.decode()[-3000:]}"
+    )
     assert [value for _, value in rows] == produced, "records read back differ from those produced"
     sources = [where.split(b" ")[1] for where, _ in rows]
     assert sources[:lx] == [b"remote"] * lx and set(sources[lx:]) <= {b"broker", b"remote"}

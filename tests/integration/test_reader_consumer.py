@@ -197,6 +197,25 @@ def test_consume_command_prints_remote_then_broker_records(tiered: TieredTopic) 
     assert f"Processed a total of {total} messages" in result.stderr
 
 
+def test_consume_command_with_a_group_commits_and_the_next_run_continues(tiered: TieredTopic) -> None:
+    """With --group the command joins the group and commits what it printed: a second run of the same group
+    prints the rest, each record once over the two runs (without --group nothing joins or commits)."""
+    group = f"console-{uuid.uuid4().hex[:6]}"
+    total = sum(len(records) for records in tiered.by_partition.values())
+    half = total // 2
+
+    def run(*args: str) -> list[tuple[str, str]]:
+        result = CliRunner().invoke(main, ["consume", tiered.topic, "--group", group, "--print-offset",
+                                           "--timeout-ms", "20000", "--config", str(tiered.config), *args])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return [tuple(line.split("\t", 1)[0].split()[0].split(":")) for line in result.stdout.splitlines() if line]
+
+    first = run("--from-beginning", "--max-messages", str(half))
+    second = run("--max-messages", str(total - half))
+    read = sorted((int(p), int(o)) for p, o in first + second)
+    assert read == sorted((p, o) for p, records in tiered.by_partition.items() for o in records)
+
+
 def test_without_any_sidecar_it_is_a_plain_consumer(tiered: TieredTopic, stack: Endpoints) -> None:
     from tests.conftest import create_topic
 

@@ -80,22 +80,23 @@ def record_json(m: Any) -> str:
 
 
 def _check_start(config: dict[str, Any], topic: str, partition: int | None, offset: str | int,
-                 timeout_ms: int) -> int:  # fmt: skip
+                 timeout_ms: int) -> list[TopicPartition]:  # fmt: skip
     """Fail (exit 1) with a sentence, within ``timeout_ms``, when the cluster cannot be reached, the topic or
-    partition does not exist or ``offset`` is past the partition's end; returns the offset to assign.
+    partition does not exist or ``offset`` is past the partition's end; returns the partitions to read, each at
+    the offset to assign (all of the topic's without ``partition``).
 
     Asked with a plain consumer before the TieredConsumer exists: that one opens the metadata catalog,
     which waits for the cluster far longer than ``timeout_ms``."""
     bootstrap = config["bootstrap.servers"]
     consumer = Consumer({k: v for k, v in config.items() if k != "enable.auto.commit"})
     try:
-        return _start_offset(consumer, bootstrap, topic, partition, offset, timeout_ms)
+        return _start_offsets(consumer, bootstrap, topic, partition, offset, timeout_ms)
     finally:
         consumer.close()
 
 
-def _start_offset(consumer: Consumer, bootstrap: str, topic: str, partition: int | None, offset: str | int,
-                  timeout_ms: int) -> int:  # fmt: skip
+def _start_offsets(consumer: Consumer, bootstrap: str, topic: str, partition: int | None, offset: str | int,
+                   timeout_ms: int) -> list[TopicPartition]:  # fmt: skip
     try:
         metadata = consumer.list_topics(topic, timeout=timeout_ms / 1000)
     except KafkaException as exc:
@@ -110,11 +111,11 @@ def _start_offset(consumer: Consumer, bootstrap: str, topic: str, partition: int
         raise click.ClickException(
             f"topic {topic!r} has no partition {partition} (it has {len(described.partitions)} partitions)"
         )
-    if partition is None or offset == "latest":
-        return OFFSET_END
-    if offset == "earliest":
-        return OFFSET_BEGINNING
-    assert isinstance(offset, int)
+    partitions = sorted(described.partitions) if partition is None else [partition]
+    if offset in ("latest", "earliest"):
+        start = OFFSET_END if offset == "latest" else OFFSET_BEGINNING
+        return [TopicPartition(topic, p, start) for p in partitions]
+    assert isinstance(offset, int) and partition is not None
     try:
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_ms / 1000)
     except KafkaException as exc:
@@ -124,7 +125,7 @@ def _start_offset(consumer: Consumer, bootstrap: str, topic: str, partition: int
         ) from None
     if offset > high:
         raise click.ClickException(f"offset {offset} is past the end of {topic}-{partition} (next offset: {high})")
-    return offset
+    return [TopicPartition(topic, partition, offset)]
 
 
 def _failure(m: Any, settings: ReaderSettings) -> str:
@@ -140,14 +141,18 @@ def _failure(m: Any, settings: ReaderSettings) -> str:
     "--offset", type=StartOffset(), default=None,
     help="Where to start: earliest (the remote start), latest, or an offset N (N needs --partition).",
 )  # fmt: skip
-@click.option("--partition", type=click.IntRange(0), default=None, help="Read only this partition (no group).")
+@click.option("--partition", type=click.IntRange(0), default=None, help="Read only this partition.")
 @click.option("--max-messages", type=click.IntRange(1), default=None, help="Exit after this many messages.")
 @click.option(
     "--timeout-ms", type=click.IntRange(1), default=None,
     help=f"Exit when no message came for this long; also how long the cluster may take to answer "
     f"(default {CONNECT_TIMEOUT_MS} ms for that).",
 )  # fmt: skip
-@click.option("--group", default=None, help="Consumer group (default: a new tiering-console-consumer-* group).")
+@click.option(
+    "--group", default=None,
+    help="Join this consumer group and commit positions to it (default: no group; every partition assigned, "
+    "as kcat does, so no rebalance ever restarts a partition from --from-beginning).",
+)  # fmt: skip
 @click.option(
     "--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_uncommitted",
     show_default=True, help="read_committed drops aborted transactions, as the broker does.",
@@ -192,16 +197,16 @@ def consume(topic: str, from_beginning: bool, offset: str | int | None, partitio
         **kafka_logging(),  # librdkafka's lines through the CLI's log, on stderr
         **client_properties(settings.kafka_client),
     }
-    start = _check_start(config, topic, partition,
-                         "earliest" if earliest else (offset if offset is not None else "latest"),
-                         timeout_ms or CONNECT_TIMEOUT_MS)  # fmt: skip
+    starts = _check_start(config, topic, partition,
+                          "earliest" if earliest else (offset if offset is not None else "latest"),
+                          timeout_ms or CONNECT_TIMEOUT_MS)  # fmt: skip
     count = 0
     try:
         with TieredConsumer(config, settings) as consumer:
-            if partition is not None:
-                consumer.assign([TopicPartition(topic, partition, start)])
+            if group is not None and partition is None:
+                consumer.subscribe([topic])  # the group's members share the partitions and commit positions
             else:
-                consumer.subscribe([topic])
+                consumer.assign(starts)  # no group to join: no rebalance can send a position back
             last = time.monotonic()
             failing: str | None = None  # the last retriable error since the last record
             while max_messages is None or count < max_messages:
