@@ -71,6 +71,8 @@ class RemotePart:
     partition: int
     offset: int
     max_bytes: int
+    probe_at: int = -1  # the offset the broker is asked at (``_probe``)
+    settle: bool = False  # read_committed stopped at open transactions: read once the broker told their outcome
     read: bool = False
     answer: Any = None  # the PartitionData once read; None when the broker has the offset now
 
@@ -112,8 +114,11 @@ class FetchPlan:
                     offsets[(key, int(p.partition))] = (name, offset, int(p.partition_max_bytes))
                 if topic is not None:
                     if view.routes_remote(topic, int(p.partition), offset):
-                        remote.append(RemotePart(topic, key, int(p.partition), offset, int(p.partition_max_bytes)))
-                        keep.append(_probe(p, view.probe_offset(topic, int(p.partition))))
+                        settle = plan.read_committed and view.wants_outcomes(topic, int(p.partition))
+                        at = view.probe_offset(topic, int(p.partition), settle)
+                        remote.append(RemotePart(topic, key, int(p.partition), offset, int(p.partition_max_bytes),
+                                                 at, settle))  # fmt: skip
+                        keep.append(_probe(p, at))
                         continue
                     if view.maybe_hole(topic, int(p.partition), offset):
                         unconfirmed = unconfirmed or not confirm_holes
@@ -163,10 +168,11 @@ class FetchPlan:
         the first partition with data may return one larger batch (Kafka's rule), the others only what fits.
         Remote partitions come first in an answer (a broker partition that no longer fits is cheap to fetch
         again; a remote one would be read again from the store). A read before the broker answered is
-        *speculative*: ``merge`` sends only what the broker allowed."""
+        *speculative*: ``merge`` sends only what the broker allowed; a partition waiting for the broker's word on
+        its open transactions (``settle``) is not read speculatively."""
         used = self.remote_bytes()
         for part in self.remote if parts is None else parts:
-            if part.read:
+            if part.read or (parts is None and part.settle):
                 continue
             live = self._live(view, part.topic)
             if live:
@@ -209,6 +215,8 @@ class FetchPlan:
             offsets = view.broker_offsets(topic, partition)
             if max_bytes > 0 or min_one:
                 served = view.read(topic, partition, offset, max(max_bytes, 0), self.read_committed, min_one)
+                if served.undecided:  # the next fetch asks the broker how they ended (``FetchPlan.make``)
+                    view.note_undecided(topic, partition, served.undecided)
             else:  # no room left in this answer: the client fetches the same offset again
                 served = ServedBatches(b"", [], offset)
             found = view.remote_range(topic, partition)
@@ -271,6 +279,9 @@ class FetchPlan:
                     (self.allowed if p.error_code in _ALLOWED else self.denied).add(key)
                     if p.error_code in _ALLOWED:
                         allowed.append(part)
+                    if part.settle and p.error_code == ErrorCode.none and p.aborted_transactions is not None:
+                        listed = [(int(a.producer_id), int(a.first_offset)) for a in p.aborted_transactions]
+                        view.learn_outcomes(part.topic, part.partition, part.probe_at, listed)
         self.read_remote(view, allowed)  # remote partitions first: a broker partition is cheap to fetch again
         used = self.remote_bytes()  # what goes out, counted as the partitions are placed
         changed = bool(probes)

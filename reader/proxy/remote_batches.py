@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -37,10 +38,29 @@ from reader.txn import TxnView
 from reader.windows import windows_from
 from tiering_core.formats import AbortedTxn, BatchHeader
 
+_BEYOND = (1 << 63) - 1  # the last offset of an aborted transaction whose marker only the broker has
+
 
 class MemoryBusy(RemoteReadError):
     """No room in the memory pool for the window a read needs, within the wait allowed: the partition is
     answered without records this time (every wait of the access layer is bounded)."""
+
+
+# What the broker said of transactions the remote data leaves open: (producer id, first offset) -> aborted
+Outcomes = Mapping[tuple[int, int], bool]
+
+
+def settled(view: TxnView, decided: Outcomes) -> TxnView:
+    """``view`` with the open transactions the broker decided resolved: an aborted one becomes an aborted
+    transaction reaching past the remote data (its marker is the broker's), a committed one is just kept."""
+    aborted, unresolved = list(view.aborted), {}
+    for producer_id, first in view.unresolved.items():
+        outcome = decided.get((producer_id, first))
+        if outcome is None:
+            unresolved[producer_id] = first
+        elif outcome:
+            aborted.append(AbortedTxn(0, producer_id, first, _BEYOND, -1))
+    return TxnView(sorted(aborted, key=lambda a: a.first_offset), unresolved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +71,8 @@ class ServedBatches:
     data: bytes | memoryview
     aborted: list[AbortedTxn]
     next_offset: int
-    blocked: bool = False  # read_committed stopped at a transaction whose outcome is not remote yet
+    # read_committed stopped at transactions whose outcome is not remote yet: producer id -> first offset
+    undecided: Mapping[int, int] | None = None
 
 
 class _Window:
@@ -88,15 +109,17 @@ class BatchCursor:
         self.headers: list[BatchHeader] = []
         self.next_batch = 0
 
-    def read(self, max_bytes: int, read_committed: bool, min_one: bool = True) -> ServedBatches:
+    def read(self, max_bytes: int, read_committed: bool, min_one: bool = True,
+             decided: Outcomes | None = None) -> ServedBatches:  # fmt: skip
         """Batches from ``position``, at most ``max_bytes`` of them, except one larger batch when ``min_one``
         (Kafka's rule for the first partition with data in an answer; without it such a batch waits for the
-        next fetch). Raises NotInRemote at the remote end (the broker has the rest), OffsetOutOfRange below
-        the remote start, and the store's read errors (nothing is skipped: the next read retries at the
-        same offset); MemoryBusy leaves the cursor as it was."""
+        next fetch). ``decided``: outcomes the broker gave of transactions the remote data leaves open
+        (``TieredView.learn_outcomes``). Raises NotInRemote at the remote end (the broker has the rest),
+        OffsetOutOfRange below the remote start, and the store's read errors (nothing is skipped: the next read
+        retries at the same offset); MemoryBusy leaves the cursor as it was."""
         head = self._hold_head()
         try:
-            return self._read(max_bytes, read_committed, min_one)
+            return self._read(max_bytes, read_committed, min_one, decided)
         except MemoryBusy:
             raise
         except BaseException:
@@ -154,7 +177,7 @@ class BatchCursor:
             self.pool.release(w.reserved)
             w.reserved = 0
 
-    def _read(self, max_bytes: int, read_committed: bool, min_one: bool) -> ServedBatches:
+    def _read(self, max_bytes: int, read_committed: bool, min_one: bool, decided: Outcomes | None) -> ServedBatches:
         while True:
             if self.data is None:
                 self._next_window()
@@ -173,11 +196,11 @@ class BatchCursor:
                 self._drop_head()
                 continue
             chosen = headers[i:j]
-            blocked = False
             if read_committed:
-                chosen, blocked = self._resolved(chosen)
+                chosen = self._resolved(chosen, decided)
                 if not chosen:
-                    return ServedBatches(b"", [], self.position, blocked=True)
+                    assert self.txns is not None
+                    return ServedBatches(b"", [], self.position, undecided=dict(self.txns.unresolved))
                 j = i + len(chosen)
             first, last = chosen[0], chosen[-1]
             records = bytes(memoryview(self.data)[first.position : last.position + last.size])  # see the docstring
@@ -188,7 +211,7 @@ class BatchCursor:
             self.next_batch = j
             self.position = last.last_offset + 1
             self._fill()
-            return ServedBatches(records, aborted, self.position, blocked)
+            return ServedBatches(records, aborted, self.position)
 
     def _next_window(self) -> None:
         """Take the head window (the next copy's first, located ahead or now, when this copy is done)."""
@@ -203,19 +226,22 @@ class BatchCursor:
             self.position = max(self.position, head.copy.base_offset)
         self._take_head()
 
-    def _resolved(self, chosen: list[BatchHeader]) -> tuple[list[BatchHeader], bool]:
-        """The batches before the first one of a transaction whose outcome is beyond the remote data."""
+    def _resolved(self, chosen: list[BatchHeader], decided: Outcomes | None) -> list[BatchHeader]:
+        """The batches before the first one of a transaction whose outcome is beyond the remote data and not
+        among those ``decided``."""
         if self.txns is None:
             assert self.copy is not None
             self.txns = self.reader.transactions(self.copy)
+        if self.txns.unresolved and decided:
+            self.txns = settled(self.txns, decided)
         unresolved = self.txns.unresolved
         if not unresolved:
-            return chosen, False
+            return chosen
         for k, h in enumerate(chosen):
             first = unresolved.get(h.producer_id) if h.is_transactional else None
             if first is not None and h.last_offset >= first:
-                return chosen[:k], True
-        return chosen, False
+                return chosen[:k]
+        return chosen
 
     # -- windows --------------------------------------------------------------------------------
     def _begin(self, copy: SegmentCopy) -> None:
@@ -332,14 +358,14 @@ class CursorCache:
         self.cursors: OrderedDict[tuple[str, int, int], BatchCursor] = OrderedDict()
 
     def read(self, topic: str, topic_id: str, partition: int, offset: int, max_bytes: int,
-             read_committed: bool, min_one: bool = True) -> ServedBatches:  # fmt: skip
+             read_committed: bool, min_one: bool = True, decided: Outcomes | None = None) -> ServedBatches:  # fmt: skip
         """``BatchCursor.read`` on the cursor of this incarnation of the topic that continues at ``offset`` (a
         new one if none does)."""
         with self.lock:
             cursor = self.cursors.pop((topic_id, partition, offset), None)
         if cursor is None:
             cursor = BatchCursor(self.reader, topic, topic_id, partition, offset, self.memory_wait)
-        served = cursor.read(max_bytes, read_committed, min_one)  # on an error the cursor closes itself
+        served = cursor.read(max_bytes, read_committed, min_one, decided)  # on an error the cursor closes itself
         self._keep(cursor)
         return served
 

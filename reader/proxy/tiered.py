@@ -23,6 +23,7 @@ import bisect
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from metadata import WalError
@@ -38,6 +39,7 @@ from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError, kafka_to
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
+_TRACKED_PARTITIONS = 100_000  # partitions whose open transactions are remembered (a few bytes each)
 
 
 class BrokerOffsets(NamedTuple):
@@ -74,6 +76,10 @@ class TieredView:
         self._offsets: dict[tuple[uuid.UUID, int], BrokerOffsets] = {}
         self._names: dict[uuid.UUID, str] = {}
         self._ids: dict[str, uuid.UUID] = {}  # a name's live id, as last learned
+        # read_committed: transactions the remote data leaves open (their markers are the broker's only), by
+        # partition: those a read stopped at, and the outcomes the broker gave (``learn_outcomes``)
+        self._undecided: dict[tuple[uuid.UUID, int], Mapping[int, int]] = {}
+        self._decided: dict[tuple[uuid.UUID, int], dict[tuple[int, int], bool]] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -148,11 +154,49 @@ class TieredView:
         found = self.known_offsets(topic, partition)
         return None if found is None else found.log_start
 
-    def probe_offset(self, topic: TopicKey, partition: int) -> int:
+    def probe_offset(self, topic: TopicKey, partition: int, settle: bool = False) -> int:
         """Where the broker is asked about a partition served from remote (``fetch.py``'s probe): its cached
-        high watermark, where it has no record to send; the broker authorises a fetch whatever its offset."""
+        high watermark, where it has no record to send; the broker authorises a fetch whatever its offset.
+        With ``settle``, its log start: a read_committed answer there lists the aborted transactions whose
+        markers lie at or after it, which includes those begun in the remote part (``learn_outcomes``)."""
         found = self.known_offsets(topic, partition)
-        return found.high_watermark if found is not None else 0
+        if found is None:
+            return 0
+        return found.log_start if settle and found.log_start >= 0 else found.high_watermark
+
+    # -- transactions the remote data leaves open ---------------------------------------------------
+    def note_undecided(self, topic: TopicKey, partition: int, undecided: Mapping[int, int]) -> None:
+        """A read_committed read stopped at these transactions (producer id -> first offset)."""
+        with self._lock:
+            self._undecided[(topic.id, partition)] = undecided
+            while len(self._undecided) > _TRACKED_PARTITIONS:
+                del self._undecided[next(iter(self._undecided))]
+
+    def wants_outcomes(self, topic: TopicKey, partition: int) -> bool:
+        """Whether a read of the partition waits for the broker to say how transactions ended."""
+        with self._lock:
+            return (topic.id, partition) in self._undecided
+
+    def learn_outcomes(self, topic: TopicKey, partition: int, log_start: int, aborted: Iterable[tuple[int, int]]
+                       ) -> None:  # fmt: skip
+        """The broker's read_committed answer at ``log_start`` listed ``aborted`` (producer id, first offset).
+        Kafka lists there every aborted transaction whose marker lies at or after the fetch offset, from the
+        transaction index of the segment holding the marker, with the transaction's first offset. A transaction
+        left open by the remote data began below the log start, and it was decided before its first segment
+        was copied (a segment is copied only below the last stable offset): its marker is after the remote
+        data, so at or after ``log_start`` unless the broker deleted it (a hole), and it is aborted exactly
+        when listed."""
+        listed = set(aborted)
+        with self._lock:
+            undecided = self._undecided.pop((topic.id, partition), None)
+            if not undecided:
+                return
+            outcomes = self._decided.setdefault((topic.id, partition), {})
+            for producer_id, first in undecided.items():
+                if first < log_start:
+                    outcomes[(producer_id, first)] = (producer_id, first) in listed
+            while len(self._decided) > _TRACKED_PARTITIONS:
+                del self._decided[next(iter(self._decided))]
 
     def broker_offsets(self, topic: TopicKey, partition: int, *, fresh: bool = False) -> BrokerOffsets:
         """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now.
@@ -225,10 +269,12 @@ class TieredView:
         (the client asks again, as after an empty answer). Raises NotInRemote, OffsetOutOfRange and the read
         errors."""
         if self.catalog.download_paused(topic.name, topic.kafka_id):
-            return ServedBatches(b"", [], offset, blocked=True)
+            return ServedBatches(b"", [], offset)
         try:
+            with self._lock:
+                decided = self._decided.get((topic.id, partition)) if read_committed else None
             return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed,
-                                     min_one)  # fmt: skip
+                                     min_one, decided)  # fmt: skip
         except MemoryBusy as exc:
             log.info("remote partition answered without records: the memory pool is full", topic=topic.name,
                      partition=partition, offset=offset, error=str(exc))  # fmt: skip

@@ -122,6 +122,9 @@ class FakeView:
         self.reads: list[tuple[int, int]] = []
         self.not_in_remote: set[int] = set()
         self.observed: list[tuple[int, int]] = []
+        self.undecided: dict[int, dict[int, int]] = {}  # partition -> open transactions a read stopped at
+        self.open_txns: dict[int, int] = {}  # what ``read`` stops at under read_committed, until learned
+        self.learned: list[tuple[int, int, list[tuple[int, int]]]] = []
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         return "t"
@@ -141,8 +144,18 @@ class FakeView:
     def hole_end(self, topic: TopicKey, partition: int, offset: int) -> int | None:
         return 100 if self.hole and partition == 0 else None
 
-    def probe_offset(self, topic: TopicKey, partition: int) -> int:
-        return 160
+    def probe_offset(self, topic: TopicKey, partition: int, settle: bool = False) -> int:
+        return 100 if settle else 160
+
+    def wants_outcomes(self, topic: TopicKey, partition: int) -> bool:
+        return partition in self.undecided
+
+    def note_undecided(self, topic: TopicKey, partition: int, undecided: Any) -> None:
+        self.undecided[partition] = dict(undecided)
+
+    def learn_outcomes(self, topic: TopicKey, partition: int, log_start: int, aborted: Any) -> None:
+        self.learned.append((partition, log_start, list(aborted)))
+        self.undecided.pop(partition, None)
 
     def broker_offsets(self, topic: TopicKey, partition: int, fresh: bool = False) -> Any:
         return BrokerOffsets(100, 160, 160, 0.0)
@@ -152,6 +165,8 @@ class FakeView:
         if offset in self.not_in_remote:
             raise NotInRemote(topic.name, partition, offset, 40)
         self.reads.append((partition, offset))
+        if read_committed and self.open_txns and not self.learned:
+            return ServedBatches(b"", [], offset, undecided=self.open_txns)
         fits = min_one or max_bytes >= 10
         return ServedBatches(b"r" * 10 if fits else b"", [], offset + 1 if fits else offset)
 
@@ -205,14 +220,17 @@ def test_fetch_all_remote_still_asks_the_broker_and_holes_move_to_the_log_start(
 
 
 def broker_answer(version: int, key: Any, codes: dict[int, ErrorCode], top: ErrorCode = ErrorCode.none,
-                  throttled: int = 0) -> Any:  # fmt: skip
+                  throttled: int = 0, aborted: list[tuple[int, int]] | None = None) -> Any:  # fmt: skip
     """The broker's Fetch answer: each partition with its error code (records only where none: a batch the
-    probe was not meant to get)."""
+    probe was not meant to get) and ``aborted`` as its aborted transactions (producer id, first offset)."""
     response = response_type(1, version)
     topic_type = nested(response, "responses")
     data_type = nested(topic_type, "partitions")
+    txn_type = nested(data_type, "aborted_transactions")
+    txns = None if aborted is None else tuple(build(txn_type, producer_id=i64(pid), first_offset=i64(first))
+                                              for pid, first in aborted)  # fmt: skip
     parts = tuple(build(data_type, partition_index=i32(p), error_code=code, high_watermark=i64(160),
-                        last_stable_offset=i64(160), log_start_offset=i64(100), aborted_transactions=None,
+                        last_stable_offset=i64(160), log_start_offset=i64(100), aborted_transactions=txns,
                         preferred_read_replica=i32(-1), records=b"b" * 7 if code == ErrorCode.none else None)
                   for p, code in codes.items())  # fmt: skip
     topics = (build(topic_type, topic="t", topic_id=key, partitions=parts),)
@@ -263,6 +281,40 @@ def test_a_probe_the_broker_allows_is_answered_from_remote(code: ErrorCode) -> N
     assert parts[1].records == b"b" * 7
     assert plan.allowed == {"t"} and plan.served_remote == {("t", 0)}
     assert (0, 100) in view.observed if code == ErrorCode.none else (1, 100) in view.observed
+
+
+def test_open_transactions_in_the_remote_part_are_settled_by_the_brokers_answer_at_its_log_start() -> None:
+    """read_committed stops at a transaction the remote copies leave open; the next fetch probes at the
+    broker's log start, reads nothing before the broker answered, learns from that answer's aborted
+    transactions how it ended, and then serves the remote records."""
+    view = FakeView()
+    view.open_txns = {7: 40}
+    plan = FetchPlan.make(13, fetch_request(13, {0: 40}), view)  # type: ignore[arg-type]
+    merged, _ = plan.merge(broker_answer(13, TOPIC_ID, {0: ErrorCode.none}, aborted=[]), view)  # type: ignore[arg-type]
+    assert [p.records for t in merged.responses for p in t.partitions] == [b""]
+    assert view.undecided == {0: {7: 40}} and not view.learned  # the probe was at the high watermark: not asked
+
+    plan = FetchPlan.make(13, fetch_request(13, {0: 40}), view)  # type: ignore[arg-type]
+    assert [int(p.fetch_offset) for t in plan.upstream.topics for p in t.partitions] == [100]
+    reads = len(view.reads)
+    plan.read_remote(view)  # type: ignore[arg-type]
+    assert len(view.reads) == reads and plan.unread  # nothing read before the broker's word
+    answer = broker_answer(13, TOPIC_ID, {0: ErrorCode.none}, aborted=[(7, 40), (9, 120)])
+    merged, _ = plan.merge(answer, view)  # type: ignore[arg-type]
+    assert view.learned == [(0, 100, [(7, 40), (9, 120)])]
+    assert [p.records for t in merged.responses for p in t.partitions] == [b"r" * 10]
+
+
+def test_settled_turns_open_transactions_into_aborted_ones_or_drops_them() -> None:
+    from reader.proxy.remote_batches import settled
+    from reader.txn import TxnView
+    from tiering_core.formats import AbortedTxn
+
+    view = TxnView([AbortedTxn(0, 3, 5, 9, 5)], {7: 40, 8: 42, 9: 44})
+    after = settled(view, {(7, 40): True, (8, 42): False, (9, 10): True})  # 9's is another transaction
+    assert [(a.producer_id, a.first_offset) for a in after.aborted] == [(3, 5), (7, 40)]
+    assert after.aborted[1].last_offset > 1 << 62  # its marker is past the remote data
+    assert after.unresolved == {9: 44}
 
 
 class _Copy:
