@@ -8,6 +8,7 @@ import datetime
 import socket
 import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kio.static.primitive import i8, i32, i64
@@ -36,20 +37,25 @@ class RawKafka:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request_frame(self, api_key: int, version: int, fields: dict[str, Any]) -> bytes:
+    def _request_frame(self, api_key: int, version: int, fields: dict[str, Any],
+                       change: Callable[[bytes], bytes] | None = None) -> bytes:  # fmt: skip
         self.correlation += 1
         frame = new_request(
             api_key, version, self.correlation, "raw-test", build(request_type(api_key, version), **fields)
         )
+        if change is not None:  # what a client the project's schemas do not know would send
+            frame = change(frame)
         return _SIZE.pack(len(frame)) + frame
 
     def send(self, api_key: int, version: int, **fields: Any) -> None:
         """Send a request and do not read its answer (a client that pipelines and never reads)."""
         self.sock.sendall(self._request_frame(api_key, version, fields))
 
-    def request(self, api_key: int, version: int, **fields: Any) -> Any | None:
+    def request(self, api_key: int, version: int, change: Callable[[bytes], bytes] | None = None,
+                **fields: Any) -> Any | None:  # fmt: skip
+        """Send a request (its frame passed through ``change`` first, if given) and parse its answer."""
         try:
-            self.sock.sendall(self._request_frame(api_key, version, fields))
+            self.sock.sendall(self._request_frame(api_key, version, fields, change))
             answer = self._frame()
         except (ConnectionError, OSError):
             return None
@@ -128,3 +134,13 @@ def batch_count(records: bytes | None) -> int:
         pos += 12 + int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
         count += 1
     return count
+
+
+def list_earliest(topic: str, partitions: list[int]) -> dict[str, Any]:
+    """ListOffsets v7 EARLIEST (-2) for ``partitions``: the remote start, from the catalog."""
+    topic_type = nested(request_type(LIST_OFFSETS, 7), "topics")
+    part_type = nested(topic_type, "partitions")
+    parts = tuple(build(part_type, partition_index=i32(p), current_leader_epoch=i32(-1), timestamp=i64(-2))
+                  for p in partitions)  # fmt: skip
+    return {"replica_id": i32(-1), "isolation_level": i8(0),
+            "topics": (build(topic_type, name=topic, partitions=parts),)}  # fmt: skip

@@ -7,7 +7,8 @@ fields (ApiVersions answers with header v0 at every version, so that a client th
 broker's versions yet can read it). Bodies are parsed and written with ``kio``: its dataclasses are
 generated from Kafka's own JSON schemas, parsing runs in native code and record batches stay bytes.
 ``kio`` raises on a tagged field it does not know, so the proxy parses only what it must read or rewrite
-and forwards everything else as the bytes it received.
+(without the tags its schemas do not name: ``tagged.py``) and forwards everything else as the bytes it
+received.
 """
 
 from __future__ import annotations
@@ -168,12 +169,17 @@ def string_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool)
 
 def parse(entity_type: type, frame: bytes | bytearray | memoryview, start: int) -> Any:
     """A body of ``entity_type`` from ``start`` to the frame's end; ProtocolError if it does not parse.
+    A tagged field the schema does not name is skipped, as Kafka does (``tagged.py``; kio refuses it).
     (kio reads read-only buffers only: a frame received into a bytearray is viewed read-only, not copied.)"""
     buffer = frame if isinstance(frame, bytes) else memoryview(frame).toreadonly()
     try:
         entity, _size = entity_reader(entity_type)(buffer, start)
     except Exception as exc:  # kio raises ValueError, struct errors, UnexpectedEOF... on bad input
-        raise ProtocolError(f"cannot parse {entity_type.__name__} v{entity_type.__version__}: {exc}") from exc
+        if "Unknown tagged field" not in str(exc):
+            raise ProtocolError(f"cannot parse {entity_type.__name__} v{entity_type.__version__}: {exc}") from exc
+        from reader.proxy.tagged import without_unknown_tags  # it reads with this module's helpers
+
+        return parse(entity_type, without_unknown_tags(entity_type, buffer, start), 0)
     return entity
 
 

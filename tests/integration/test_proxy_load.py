@@ -36,7 +36,7 @@ from deploy.stack import Endpoints
 from reader.proxy import load_proxy_settings
 from reader.proxy.protocol import build, nested, request_type
 from tests.conftest import create_topic
-from tests.kafka_wire import FETCH, RawKafka
+from tests.kafka_wire import FETCH, RawKafka, list_earliest
 from tests.proxy_harness import read_all
 from tests.reader_harness import running_sidecar
 from tests.sidecar_harness import wait_for, write_config
@@ -199,16 +199,6 @@ def offsets_watch(proxy: RunningProxy, topic: LoadTopic) -> Iterator[OffsetsWatc
     finally:
         stop.set()
         thread.join(60)
-
-
-def list_earliest(topic: str, partitions: list[int]) -> dict[str, Any]:
-    """ListOffsets v7 EARLIEST (-2) for ``partitions``: the remote start, from the catalog."""
-    topic_type = nested(request_type(LIST_OFFSETS, 7), "topics")
-    part_type = nested(topic_type, "partitions")
-    parts = tuple(build(part_type, partition_index=i32(p), current_leader_epoch=i32(-1), timestamp=i64(-2))
-                  for p in partitions)  # fmt: skip
-    return {"replica_id": i32(-1), "isolation_level": i8(0),
-            "topics": (build(topic_type, name=topic, partitions=parts),)}  # fmt: skip
 
 
 def fetch_fields(topic_id: uuid.UUID, offsets: dict[int, int], max_bytes: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from deploy.stack import Endpoints
 from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_proxy
 from reader.proxy.protocol import parse, response_type, supported_versions
 from tests.conftest import create_topic
-from tests.kafka_wire import RawKafka
+from tests.kafka_wire import LIST_OFFSETS, RawKafka, list_earliest
 from tests.proxy_harness import proxy_bootstrap, proxy_for
 from tests.sidecar_harness import wait_for, write_config
 
@@ -154,6 +154,28 @@ def test_an_api_versions_request_the_proxy_cannot_read_is_answered_by_it(proxy: 
     assert [(k.api_key, k.min_version, k.max_version) for k in body.api_keys] == [(18, *supported_versions()[18])]
     answered = proxy.metrics.requests.labels("api_versions", "proxy")
     wait_for(lambda: answered._value.get() == before + 1, 10, "the proxy counting its own answer")  # after the send
+    still_serves(proxy)
+
+
+def test_a_request_with_a_tagged_field_the_proxy_does_not_know_is_answered(
+    stack: Endpoints, proxy: ProxyServer
+) -> None:
+    """A newer client may add a tagged field to a flexible request (KIP-482); Kafka skips a tag it does not know,
+    and so does the proxy where it reads the request (ListOffsets, to complete the answer from the copies): the
+    answer is the broker's own, never a closed connection."""
+    topic = create_topic(stack.bootstrap, 2)
+
+    def with_unknown_tag(frame: bytes) -> bytes:  # the body's last byte is its (empty) tag section
+        assert frame[-1] == 0
+        return frame[:-1] + bytes([1, 90, 3, 1, 2, 3])
+
+    answers = []
+    for address in (proxy_bootstrap(proxy), stack.bootstrap):
+        with RawKafka(address) as raw:
+            answers.append(raw.request(LIST_OFFSETS, 7, with_unknown_tag, **list_earliest(topic, [0, 1])))
+    through_proxy, from_broker = answers
+    assert through_proxy is not None, "the proxy closed the connection"
+    assert through_proxy == from_broker
     still_serves(proxy)
 
 
