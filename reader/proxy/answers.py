@@ -62,16 +62,40 @@ def list_offsets(request: Any, answer: Any, view: TieredView) -> Any:
     end; a timestamp whose first record is below the broker's log start is found in the copies."""
     asked = {(t.name, int(p.partition_index)): int(p.timestamp) for t in request.topics for p in t.partitions}
     live = _LiveKeys(view)
-    topics = []
+    tiered = view.tiered_names()  # nothing else is asked of the cluster for the others
+    wanted = []
     for t in answer.topics:
-        parts = []
         for p in t.partitions:
             spec = asked.get((t.name, int(p.partition_index)))
-            if spec is not None and p.error_code == ErrorCode.none and (spec >= 0 or spec in (EARLIEST, LATEST_TIERED)):
-                p = _list_offset(view, live, t.name, p, spec)
-            parts.append(p)
-        topics.append(dataclasses.replace(t, partitions=tuple(parts)))
+            if (
+                t.name in tiered
+                and spec is not None
+                and p.error_code == ErrorCode.none
+                and (spec >= 0 or spec in (EARLIEST, LATEST_TIERED))
+            ):
+                wanted.append((t.name, p, spec))
+    by_time = [(topic, int(p.partition_index)) for name, p, spec in wanted if spec >= 0
+               if (topic := _live_or_none(live, name)) is not None]  # fmt: skip
+    if len(by_time) > 1:  # their log starts asked together, one ListOffsets per leader
+        try:
+            view.refresh_offsets(by_time)
+        except KafkaClusterError as exc:  # each partition asks again on its own and fails alone
+            log.info("asking the broker's offsets failed", partitions=len(by_time), error=str(exc))
+    changed = {(name, int(p.partition_index)): _list_offset(view, live, name, p, spec) for name, p, spec in wanted}
+    if not changed:
+        return answer
+    topics = []
+    for t in answer.topics:
+        parts = tuple(changed.get((t.name, int(p.partition_index)), p) for p in t.partitions)
+        topics.append(dataclasses.replace(t, partitions=parts))
     return dataclasses.replace(answer, topics=tuple(topics))
+
+
+def _live_or_none(live: _LiveKeys, name: str) -> TopicKey | None:
+    try:
+        return live.get(name)
+    except KafkaClusterError:
+        return None  # ``_list_offset`` asks again and leaves the broker's answer
 
 
 def _list_offset(view: TieredView, live: _LiveKeys, name: str, p: Any, spec: int) -> Any:

@@ -171,9 +171,14 @@ class FetchPlan:
         *speculative*: ``merge`` sends only what the broker allowed; a partition waiting for the broker's word on
         its open transactions (``settle``) is not read speculatively."""
         used = self.remote_bytes()
-        for part in self.remote if parts is None else parts:
-            if part.read or (parts is None and part.settle):
-                continue
+        todo = [part for part in (self.remote if parts is None else parts)
+                if not part.read and not (parts is None and part.settle)]  # fmt: skip
+        if len(todo) > 1:  # the broker's offsets they are answered with: those not cached asked together
+            try:
+                view.refresh_offsets([(part.topic, part.partition) for part in todo])
+            except KafkaClusterError as exc:  # each partition asks again on its own and fails alone
+                log.info("asking the broker's offsets failed", partitions=len(todo), error=str(exc))
+        for part in todo:
             live = self._live(view, part.topic)
             if live:
                 part.answer = self._partition(view, part.topic, part.partition, part.offset,
@@ -279,10 +284,13 @@ class FetchPlan:
                     (self.allowed if p.error_code in _ALLOWED else self.denied).add(key)
                     if p.error_code in _ALLOWED:
                         allowed.append(part)
+                    if p.error_code == ErrorCode.none:  # the offsets its remote answer carries: nothing to ask
+                        _observe(view, part.topic, p)
                     if part.settle and p.error_code == ErrorCode.none and p.aborted_transactions is not None:
                         listed = [(int(a.producer_id), int(a.first_offset)) for a in p.aborted_transactions]
                         view.learn_outcomes(part.topic, part.partition, part.probe_at, listed)
         self.read_remote(view, allowed)  # remote partitions first: a broker partition is cheap to fetch again
+        targets = self._out_of_range_targets(broker, view)
         used = self.remote_bytes()  # what goes out, counted as the partitions are placed
         changed = bool(probes)
         responses = []
@@ -296,8 +304,6 @@ class FetchPlan:
                     if p.error_code not in _ALLOWED:
                         parts.append(p)  # the broker's refusal is the answer
                         continue
-                    if p.error_code == ErrorCode.none:
-                        _observe(view, part.topic, p)
                     if part.answer is not None:
                         parts.append(part.answer)
                         self.served_remote.add((key, index))
@@ -314,9 +320,9 @@ class FetchPlan:
                 if p.error_code == ErrorCode.none:
                     if (topic := self._known(view, key, name)) is not None:
                         _observe(view, topic, p)
-                elif p.error_code == ErrorCode.offset_out_of_range:
-                    served = self._out_of_range(view, key, name, index, offset, min(max_bytes, self.max_bytes - used),
-                                                used == 0)  # fmt: skip
+                elif (target := targets.get((key, index))) is not None:
+                    served = target if not isinstance(target, TopicKey) else self._partition(
+                        view, target, index, offset, min(max_bytes, self.max_bytes - used), used == 0)  # fmt: skip
                     if served is not None:
                         p, changed = served, True
                         used += len(p.records or b"")
@@ -325,28 +331,42 @@ class FetchPlan:
             responses.append(dataclasses.replace(t, partitions=tuple(parts)))
         return dataclasses.replace(broker, responses=tuple(responses)), changed
 
-    def _out_of_range(self, view: TieredView, key: Any, name: str, partition: int, offset: int,
-                      max_bytes: int, min_one: bool) -> Any | None:  # fmt: skip
-        if self.version >= 13:
-            topic: TopicKey | None = TopicKey(name, key)  # the broker's OFFSET_OUT_OF_RANGE: a live id
-        else:
-            try:  # by name: the live incarnation, asked of the cluster now (the learned id may be a deleted one's)
-                topic = view.live_key(name)
+    def _out_of_range_targets(self, broker: Any, view: TieredView) -> dict[tuple[Any, int], Any]:
+        """For each partition of the request the broker answered OFFSET_OUT_OF_RANGE whose offset the remote
+        copies hold: the incarnation to read (or an error answer where its id could not be confirmed). The
+        broker's offsets of those are refreshed together (its log start moved: learn where to), one
+        ListOffsets per leader, not a round trip per partition."""
+        targets: dict[tuple[Any, int], Any] = {}
+        names: dict[str, TopicKey | None] = {}
+        probes = {(part.key, part.partition) for part in self.remote}
+        for t in broker.responses:
+            key = t.topic_id if self.version >= 13 else t.topic
+            for p in t.partitions:
+                index = int(p.partition_index)
+                name, offset, _ = self.offsets.get((key, index), (None, -1, 0))
+                if p.error_code != ErrorCode.offset_out_of_range or name is None or (key, index) in probes:
+                    continue
+                if self.version >= 13:
+                    topic: TopicKey | None = TopicKey(name, key)  # the broker's OFFSET_OUT_OF_RANGE: a live id
+                elif name in names:
+                    topic = names[name]
+                else:
+                    try:  # by name: the live incarnation, asked of the cluster (the learned id may be a deleted one's)
+                        topic = names[name] = view.live_key(name)
+                    except KafkaClusterError as exc:
+                        log.warning("the topic's id could not be confirmed; the client retries", topic=name,
+                                    error=str(exc))  # fmt: skip
+                        targets[(key, index)] = _error(_types(self.version)[2], index, ErrorCode.kafka_storage_error)
+                        continue
+                if topic is not None and _holds(view, topic, index, offset):
+                    targets[(key, index)] = topic
+        held = [(topic, index) for (_, index), topic in targets.items() if isinstance(topic, TopicKey)]
+        if held:
+            try:
+                view.refresh_offsets(held, fresh=True)
             except KafkaClusterError as exc:
-                log.warning("the topic's id could not be confirmed; the client retries", topic=name, error=str(exc))
-                return _error(_types(self.version)[2], partition, ErrorCode.kafka_storage_error)
-        if topic is None:
-            return None
-        found = view.remote_range(topic, partition)
-        if found is None or not found[0] <= offset <= found[1]:
-            found = view.remote_range(topic, partition, current=True)  # the copy may be newer than the catalog
-        if found is None or not found[0] <= offset <= found[1]:
-            return None
-        try:
-            view.broker_offsets(topic, partition, fresh=True)  # the log start moved: learn where to
-        except KafkaClusterError as exc:
-            log.warning("asking the broker's offsets failed", topic=name, partition=partition, error=str(exc))
-        return self._partition(view, topic, partition, offset, max_bytes, min_one)
+                log.warning("asking the broker's offsets failed", partitions=len(held), error=str(exc))
+        return targets
 
     def _nothing(self, view: TieredView, part: RemotePart, probe: Any) -> Any:
         """A remote partition answered with no records and no error (a full answer names every partition the
@@ -371,6 +391,16 @@ def _probe(p: Any, offset: int) -> Any:
     if hasattr(p, "last_fetched_epoch"):
         changes["last_fetched_epoch"] = i32(-1)  # no divergence check against an offset the client did not ask
     return dataclasses.replace(p, **changes)
+
+
+def _holds(view: TieredView, topic: TopicKey, partition: int, offset: int) -> bool:
+    """Whether the remote copies hold ``offset`` (asked again of the caught-up catalog before saying no: a
+    copy may be newer than the catalog)."""
+    for current in (False, True):
+        found = view.remote_range(topic, partition, current=current)
+        if found is not None and found[0] <= offset <= found[1]:
+            return True
+    return False
 
 
 def _observe(view: TieredView, topic: TopicKey, p: Any) -> None:

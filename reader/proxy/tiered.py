@@ -114,6 +114,11 @@ class TieredView:
             found = self._names.get(topic_id)
         return found if found is not None else self.catalog.topic_name(topic_id.bytes)
 
+    def tiered_names(self) -> set[str]:
+        """Names of the topics the tiering metadata knows (the catalog follows them all): any other topic has
+        no remote data, and answers about it need nothing from the copies or the cluster."""
+        return self.catalog.tiered_topics()
+
     def known_key(self, name: str) -> TopicKey | None:
         """The name's incarnation as last learned (cheap; it may have been deleted since: ``live_key``)."""
         with self._lock:
@@ -201,14 +206,30 @@ class TieredView:
     def broker_offsets(self, topic: TopicKey, partition: int, *, fresh: bool = False) -> BrokerOffsets:
         """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now.
         Raises KafkaClusterError."""
+        return self.refresh_offsets([(topic, partition)], fresh=fresh)[(topic.id, partition)]
+
+    def refresh_offsets(self, partitions: Iterable[tuple[TopicKey, int]], *, fresh: bool = False
+                        ) -> dict[tuple[uuid.UUID, int], BrokerOffsets]:  # fmt: skip
+        """``broker_offsets`` of several partitions, those not cached young enough (all with ``fresh``) asked of
+        the cluster together: one ListOffsets per leader and kind, not a round trip per partition. Raises
+        KafkaClusterError."""
+        now = time.monotonic()
+        out: dict[tuple[uuid.UUID, int], BrokerOffsets] = {}
+        ask: dict[tuple[str, int], tuple[uuid.UUID, int]] = {}
         with self._lock:
-            found = self._offsets.get((topic.id, partition))
-        if found is not None and not fresh and time.monotonic() - found.seen < self.cache_seconds:
-            return found
-        got = self.cluster.local_offsets([(topic.name, partition)])[(topic.name, partition)]
-        with self._lock:
-            self._offsets[(topic.id, partition)] = found = BrokerOffsets(got.lx, got.lz, got.ly, time.monotonic())
-        return found
+            for topic, partition in partitions:
+                found = self._offsets.get((topic.id, partition))
+                if found is not None and not fresh and now - found.seen < self.cache_seconds:
+                    out[(topic.id, partition)] = found
+                else:
+                    ask[(topic.name, partition)] = (topic.id, partition)
+        if ask:
+            got = self.cluster.local_offsets(list(ask))
+            seen = time.monotonic()
+            with self._lock:
+                for key, local in got.items():
+                    self._offsets[ask[key]] = out[ask[key]] = BrokerOffsets(local.lx, local.lz, local.ly, seen)
+        return out
 
     # -- remote ---------------------------------------------------------------------------------
     def remote_range(self, topic: TopicKey, partition: int, *, current: bool = False) -> tuple[int, int] | None:

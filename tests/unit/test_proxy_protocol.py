@@ -13,7 +13,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i16, i32, i64
 
 from reader.errors import NotInRemote
-from reader.proxy.answers import api_versions
+from reader.proxy.answers import api_versions, list_offsets
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.protocol import (
     ProtocolError,
@@ -125,6 +125,9 @@ class FakeView:
         self.undecided: dict[int, dict[int, int]] = {}  # partition -> open transactions a read stopped at
         self.open_txns: dict[int, int] = {}  # what ``read`` stops at under read_committed, until learned
         self.learned: list[tuple[int, int, list[tuple[int, int]]]] = []
+        self.remote_partitions = {0}  # those below the log start
+        self.refreshed: list[tuple[list[int], bool]] = []  # refresh_offsets calls: partitions, fresh
+        self.asked_ids: list[str] = []  # live_key calls (a Metadata request each)
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         return "t"
@@ -133,10 +136,24 @@ class FakeView:
         return TopicKey(name, TOPIC_ID)
 
     def live_key(self, name: str) -> TopicKey:
+        self.asked_ids.append(name)
         return TopicKey(name, self.live)
 
     def routes_remote(self, topic: TopicKey, partition: int, offset: int) -> bool:
-        return partition == 0 and offset < 100 and not self.hole
+        return partition in self.remote_partitions and offset < 100 and not self.hole
+
+    def tiered_names(self) -> set[str]:
+        return {"t"}
+
+    def offset_for_time(self, topic: TopicKey, partition: int, timestamp: int, below: int) -> tuple[int, int, int]:
+        return (timestamp // 10, timestamp, 3)
+
+    def earliest(self, topic: TopicKey, partition: int) -> tuple[int, int]:
+        return (0, 1)
+
+    def refresh_offsets(self, partitions: Any, fresh: bool = False) -> dict[Any, Any]:
+        self.refreshed.append((sorted(p for _, p in partitions), fresh))
+        return {}
 
     def maybe_hole(self, topic: TopicKey, partition: int, offset: int) -> bool:
         return self.hole and partition == 0
@@ -303,6 +320,46 @@ def test_open_transactions_in_the_remote_part_are_settled_by_the_brokers_answer_
     merged, _ = plan.merge(answer, view)  # type: ignore[arg-type]
     assert view.learned == [(0, 100, [(7, 40), (9, 120)])]
     assert [p.records for t in merged.responses for p in t.partitions] == [b"r" * 10]
+
+
+def test_the_brokers_offsets_are_asked_once_for_all_partitions_of_an_answer() -> None:
+    """No admin round trip per partition: the remote partitions' offsets in one call before they are read, and
+    the partitions the broker answered OFFSET_OUT_OF_RANGE that the copies hold in one fresh call."""
+    view = FakeView()
+    view.remote_partitions = {0, 2, 3}
+    plan = FetchPlan.make(13, fetch_request(13, {0: 50, 1: 20, 2: 60, 3: 70, 4: 30}), view)  # type: ignore[arg-type]
+    plan.read_remote(view)  # type: ignore[arg-type]
+    assert view.refreshed == [([0, 2, 3], False)]
+    codes = {0: ErrorCode.none, 1: ErrorCode.offset_out_of_range, 2: ErrorCode.none, 3: ErrorCode.none,
+             4: ErrorCode.offset_out_of_range}  # fmt: skip
+    merged, _ = plan.merge(broker_answer(13, TOPIC_ID, codes), view)  # type: ignore[arg-type]
+    assert view.refreshed[1:] == [([1, 4], True)]
+    assert plan.served_remote == {(TOPIC_ID, p) for p in range(5)}
+    assert [(int(p.partition_index), int(p.error_code)) for t in merged.responses for p in t.partitions] == [
+        (p, 0) for p in range(5)
+    ]
+
+
+def test_list_offsets_asks_nothing_for_untiered_topics_and_once_for_the_tiered_ones() -> None:
+    """By timestamp and EARLIEST: a topic the tiering metadata does not know keeps the broker's answer with
+    nothing asked of the cluster; a tiered one is asked its id once and its partitions' log starts in one call."""
+    view = FakeView()
+    request_t, answer_t = request_type(2, 7), response_type(2, 7)
+    req_topic, req_part = nested(request_t, "topics"), nested(nested(request_t, "topics"), "partitions")
+    ans_topic, ans_part = nested(answer_t, "topics"), nested(nested(answer_t, "topics"), "partitions")
+    specs = {0: 5000, 1: 7000, 2: -2}
+    asked = tuple(build(req_part, partition_index=i32(p), current_leader_epoch=i32(-1), timestamp=i64(ts))
+                  for p, ts in specs.items())  # fmt: skip
+    said = tuple(build(ans_part, partition_index=i32(p), error_code=ErrorCode.none, timestamp=i64(-1),
+                       offset=i64(100), leader_epoch=i32(3)) for p in specs)  # fmt: skip
+    request = build(request_t, replica_id=i32(-1), isolation_level=i8(0),
+                    topics=tuple(build(req_topic, name=name, partitions=asked) for name in ("t", "u")))  # fmt: skip
+    answer = build(answer_t, throttle_time=datetime.timedelta(0),
+                   topics=tuple(build(ans_topic, name=name, partitions=said) for name in ("t", "u")))  # fmt: skip
+    done = list_offsets(request, answer, view)  # type: ignore[arg-type]
+    got = {(t.name, int(p.partition_index)): int(p.offset) for t in done.topics for p in t.partitions}
+    assert got == {("t", 0): 500, ("t", 1): 700, ("t", 2): 0, ("u", 0): 100, ("u", 1): 100, ("u", 2): 100}
+    assert view.asked_ids == ["t"] and view.refreshed == [([0, 1], False)]
 
 
 def test_settled_turns_open_transactions_into_aborted_ones_or_drops_them() -> None:
