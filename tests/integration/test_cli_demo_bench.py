@@ -116,8 +116,12 @@ def test_bench_export_prints_both_sides_and_a_json_summary_last(stack: Endpoints
     assert sides["ours"]["rows"] == sides["spark-kafka"]["rows"] > 0
     assert sides["ours"]["record_bytes"] == sides["spark-kafka"]["record_bytes"]
     summary = lines[-1]
-    assert set(summary) >= {"ratio", "ours_rows_per_s", "ours_mb_s", "spark_kafka_rows_per_s", "spark_kafka_mb_s"}
+    assert set(summary) >= {"ratio", "ours_rows_per_s", "ours_mb_s", "spark_kafka_rows_per_s", "spark_kafka_mb_s",
+                            "source_ratio", "ours_source_rows_per_s", "spark_kafka_source_rows_per_s"}  # fmt: skip
     assert summary["ratio"] == round(summary["ours_rows_per_s"] / summary["spark_kafka_rows_per_s"], 3)
+    rates = (summary["ours_source_rows_per_s"], summary["spark_kafka_source_rows_per_s"])
+    assert summary["source_ratio"] == round(rates[0] / rates[1], 3)
+    assert all(side["source_rows_per_s"] > 0 and len(side["source_all_seconds"]) == 2 for side in sides.values())
 
 
 def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints) -> None:

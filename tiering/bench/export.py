@@ -5,9 +5,10 @@ broker keeps everything locally too, so Spark's Kafka source can read the same o
 then one SparkSession (local[2]) writes Parquet with the same settings from
 ``format("kafka_tiered")`` (segments from S3, no broker) and from ``format("kafka")`` (the broker,
 through its consumer protocol), both over offsets ``[0, stable end]``, each side ``--rounds`` times,
-interleaved. A small read of each warms the JVM and the Python workers first. Also reported: our
-decoder alone (segments from S3 to Arrow, one Python thread, no Spark), which bounds what the data
-source can do per core.
+interleaved, then into Spark's ``noop`` sink (the sources alone: Parquet writing costs both sides the
+same and hides the difference between them). A small read of each warms the JVM and the Python workers
+first. Also reported: our decoder alone (segments from S3 to Arrow, one Python thread, no Spark), which
+bounds what the data source can do per core.
 """
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     """Rows/s and MB/s exporting the same records to Parquet: kafka_tiered (S3) beside Spark's Kafka source.
 
     Each side runs --rounds times, interleaved with the other, and its best run counts (the machine's
-    load and the JVM's warm-up then hit both alike). The last line is a JSON object with `ratio` (our
-    rows/s / Spark Kafka source rows/s); `mb_s` counts
-    the Kafka log bytes of the exported range (compressed, as stored), `record_mb_s` the key and value
-    bytes of the exported records, the same on both sides; `decoder` names the record decoder (native or
-    python, see tiering_core.formats.native). Targets: ratio >= 1.0, stretch 2.0.
+    load and the JVM's warm-up then hit both alike). Then each side reads the same records into Spark's
+    `noop` sink, --rounds times interleaved: the source alone, without the Parquet writing both sides
+    share. The last line is a JSON object with `ratio` (our rows/s / Spark Kafka source rows/s, whole
+    jobs) and `source_ratio` (the same for the sources alone); `mb_s` counts the Kafka log bytes of the
+    exported range (compressed, as stored), `record_mb_s` the key and value bytes of the exported records,
+    the same on both sides; `decoder` names the record decoder (native or python, see
+    tiering_core.formats.native). Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
     from reader.spark.options import parse_options, store_options
     from reader.spark.planning import plan_slices
@@ -148,6 +151,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         for make in sides.values():  # warm-up: JVM, Python workers, connections
             make().load().where("offset < 1000").write.mode("overwrite").parquet(f"{tmp}/warm")
         timings: dict[str, list[float]] = {side: [] for side in sides}
+        source_only: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):  # interleaved, so load on the machine and JIT warm-up hit both sides alike
             for side, make in sides.items():
                 out = Path(tmp) / side
@@ -155,15 +159,22 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
                 started = time.perf_counter()
                 make().load().write.parquet(str(out))
                 timings[side].append(time.perf_counter() - started)
+        for _ in range(rounds):  # the source alone: every column of every row read, nothing written
+            for side, make in sides.items():
+                started = time.perf_counter()
+                make().load().write.format("noop").mode("overwrite").save()
+                source_only[side].append(time.perf_counter() - started)
         results = {}
         for side in sides:
             rows, parquet_bytes, payload = _parquet_rows(Path(tmp) / side)
-            seconds = min(timings[side])
+            seconds, alone = min(timings[side]), min(source_only[side])
             results[side] = {"side": side, "rows": rows, "seconds": round(seconds, 2),
                              "all_seconds": [round(t, 2) for t in timings[side]],
                              "rows_per_s": round(rows / seconds), "mb_s": round(log_bytes / 1e6 / seconds, 1),
                              "record_mb_s": round(payload / 1e6 / seconds, 1), "record_bytes": payload,
-                             "parquet_bytes": parquet_bytes}  # fmt: skip
+                             "parquet_bytes": parquet_bytes, "source_seconds": round(alone, 2),
+                             "source_all_seconds": [round(t, 2) for t in source_only[side]],
+                             "source_rows_per_s": round(rows / alone)}  # fmt: skip
             click.echo(json.dumps(results[side]))
         spark.stop()
         ours, theirs = results["ours"], results["spark-kafka"]
@@ -173,6 +184,9 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
             )
         click.echo(json.dumps({
             "ratio": round(ours["rows_per_s"] / theirs["rows_per_s"], 3), "decoder": DECODER,
+            "source_ratio": round(ours["source_rows_per_s"] / theirs["source_rows_per_s"], 3),
+            "ours_source_rows_per_s": ours["source_rows_per_s"],
+            "spark_kafka_source_rows_per_s": theirs["source_rows_per_s"],
             "ours_rows_per_s": ours["rows_per_s"], "ours_mb_s": ours["mb_s"], "ours_record_mb_s": ours["record_mb_s"],
             "spark_kafka_rows_per_s": theirs["rows_per_s"], "spark_kafka_mb_s": theirs["mb_s"],
             "spark_kafka_record_mb_s": theirs["record_mb_s"],
