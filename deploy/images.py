@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy import kafka, minio, podman
-from deploy.cache import cache_dir
 from deploy.errors import StackError
+from tiering_core.cache import cache_dir
 
 REPOSITORY = "localhost/tiering-"
 RECIPES_DIR = Path(__file__).with_name("images")

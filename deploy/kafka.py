@@ -14,10 +14,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.cache import cache_dir
 from deploy.errors import StackError
 from deploy.maven import fetch_pom
 from deploy.procs import spawn
+from tiering_core.cache import cache_dir
 
 KAFKA_VERSION = "4.3.1"
 POM = Path(__file__).with_name("kafka-pom.xml")

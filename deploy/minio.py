@@ -14,10 +14,10 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from deploy.cache import cache_dir
 from deploy.endpoints import S3Endpoint
 from deploy.errors import StackError
 from deploy.procs import spawn
+from tiering_core.cache import cache_dir
 
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"

@@ -25,9 +25,9 @@ import subprocess
 import urllib.parse
 from pathlib import Path
 
-from deploy.cache import cache_dir
 from deploy.errors import StackError
 from deploy.procs import alive, spawn, stop_groups, wait_ready
+from tiering_core.cache import cache_dir
 
 CONTAINERS_CONF = """\
 # Written by deploy/podman.py for the containers backend (given to podman through CONTAINERS_CONF).

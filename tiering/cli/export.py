@@ -140,9 +140,9 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
     if "://" not in path:
         path = os.path.abspath(path)
 
-    from deploy.spark_jars import spark_jars
     from reader.spark.export import ExportRequest, planned_ranges, run_export
     from reader.spark.session import export_session
+    from tiering_core.spark_jars import spark_jars
 
     request = ExportRequest(
         topic=topic, format=fmt, path=path, store=settings.remote_storage,  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""The jars a Spark export adds to PySpark's own (Delta Lake and Spark's Kafka source): where they are.
+
+They are fetched once from Maven Central by the local stack's setup (``deploy/spark_jars.py``, run by
+``deploy/setup.sh`` and ``tiering dev fetch``) into ``$TIERING_CACHE_DIR`` (default ~/.cache/tiering), or
+placed by the operator in ``$TIERING_SPARK_JARS_DIR``; an export only lists them, with no network and
+nothing of the local stack at run time. Transitive dependencies that PySpark already ships (Hadoop,
+Parquet, Jackson, Scala, ...) are left out: two versions of one library on the classpath is how jobs
+break in odd ways.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from tiering_core.cache import cache_dir
+from tiering_core.errors import TieringError
+
+DELTA_VERSION = "4.4.0"
+_VERSION_SUFFIX = re.compile(r"-\d[\w.]*(-\d+)?$")
+
+
+def pyspark_jars() -> tuple[str, Path]:
+    """PySpark's version and the directory of the jars it ships."""
+    import pyspark
+
+    return pyspark.__version__, Path(pyspark.__file__).parent / "jars"
+
+
+def jars_dir() -> Path:
+    """``$TIERING_SPARK_JARS_DIR``, else the cache's directory for this PySpark and Delta version."""
+    configured = os.environ.get("TIERING_SPARK_JARS_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    spark_version, _ = pyspark_jars()
+    return cache_dir() / f"spark-{spark_version}-delta-{DELTA_VERSION}"
+
+
+def artifact(jar: str) -> str:
+    """``delta-storage-4.4.0.jar`` -> ``delta-storage``."""
+    return _VERSION_SUFFIX.sub("", jar.removesuffix(".jar"))
+
+
+def spark_jars(directory: Path | None = None) -> list[str]:
+    """Paths of the jars in ``directory`` (default ``jars_dir()``) that PySpark does not ship itself. Raises
+    TieringError naming the directory when Delta's jar is not there."""
+    where = directory or jars_dir()
+    _, shipped_dir = pyspark_jars()
+    shipped = {artifact(p.name) for p in shipped_dir.glob("*.jar")}
+    jars = sorted(str(p) for p in where.glob("*.jar") if artifact(p.name) not in shipped)
+    if not any(artifact(Path(j).name).startswith("delta-spark") for j in jars):
+        raise TieringError(
+            f"the Delta Lake and Spark Kafka source jars are not in {where}: fetch them once with "
+            f"`python -m tiering dev fetch` (it needs Maven), or put delta-spark {DELTA_VERSION} and its "
+            f"dependencies there and set TIERING_SPARK_JARS_DIR"
+        )
+    return jars
