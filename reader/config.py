@@ -12,29 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from tiering_core.kafka_client import KafkaClientProperties
+from tiering_core.cluster_settings import ClusterSettings
 from tiering_core.settings import load_settings_file
-from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
 MIB = 1 << 20
 
 
-class ReaderSettings(BaseSettings):
+class ReaderSettings(ClusterSettings):
     model_config = SettingsConfigDict(env_prefix="TIERING_", env_nested_delimiter="__", extra="ignore")
 
-    bootstrap_servers: str = Field(description="Kafka bootstrap servers of the cluster whose topics are read.")
-    kafka_client: KafkaClientProperties = Field(
-        default_factory=dict,
-        description="librdkafka properties for every Kafka client (security.protocol, sasl.mechanism, sasl.username, "
-        "sasl.password, ssl.ca.location...); env TIERING_KAFKA_CLIENT__SASL_PASSWORD (_ for .).",
-    )
-    remote_storage: StoreConfig = Field(
-        default_factory=lambda: FileSystemStoreConfig(root=Path("/var/lib/tiering/remote")),
-        description="Where the sidecars put the segments (the same settings as the sidecar's).",
-    )
-    metadata_topic: str = Field(default="__tiering_metadata", description="The sidecars' metadata WAL topic.")
     state_dir: Path | None = Field(
         default=None,
         description="A sidecar's state dir on this host: its local snapshots speed up recovery (optional; the "

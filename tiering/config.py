@@ -11,24 +11,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from tiering_core.backoff import Backoff
+from tiering_core.cluster_settings import ClusterSettings
 from tiering_core.errors import ConfigError
-from tiering_core.kafka_client import KafkaClientProperties
 from tiering_core.settings import load_settings_file
-from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
 
-class SidecarSettings(BaseSettings):
+class SidecarSettings(ClusterSettings):
     model_config = SettingsConfigDict(env_prefix="TIERING_", env_nested_delimiter="__", extra="forbid")
 
-    bootstrap_servers: str = Field(description="Kafka bootstrap servers (the local broker is enough).")
-    kafka_client: KafkaClientProperties = Field(
-        default_factory=dict,
-        description="librdkafka properties for every Kafka client (security.protocol, sasl.mechanism, sasl.username, "
-        "sasl.password, ssl.ca.location...); env TIERING_KAFKA_CLIENT__SASL_PASSWORD (_ for .).",
-    )
     log_dirs: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="The broker's log.dirs (comma-separated in env); `sidecar run` needs them, `topic` and "
@@ -38,11 +31,6 @@ class SidecarSettings(BaseSettings):
         default=None, description="This broker's node.id (sidecar run only); default: from meta.properties."
     )
     state_dir: Path = Field(default=Path("/var/lib/tiering"), description="Snapshots and the status file.")
-    remote_storage: StoreConfig = Field(
-        default_factory=lambda: FileSystemStoreConfig(root=Path("/var/lib/tiering/remote")),
-        description="Where segments go: kind s3 (bucket, prefix, endpoint_url...) or filesystem (root).",
-    )
-    metadata_topic: str = "__tiering_metadata"
     metadata_partitions: int = Field(default=50, ge=1, le=1000)
     snapshot_every_records: int = Field(default=100_000, ge=1)
     snapshot_every_seconds: float = Field(default=300.0, gt=0)
