@@ -6,8 +6,7 @@ unreachable a GET is attempted ``read_attempts`` times with doubling backoff, th
 A missing object is ``RemoteObjectMissing`` naming the key, at once (no retry can bring it back).
 For the metrics, ``retries`` counts the GETs sent again and ``unavailable`` says whether the last GET
 that reached for the store found it unreachable (until one is answered again).
-On S3, ranges are read through presigned URLs on plain keep-alive connections
-(``tiering_core.stores.s3_ranges``): a tenth of boto3's CPU per GET and per byte.
+The store owns how a range is read (on S3: presigned URLs on keep-alive connections, ``s3_ranges``).
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from reader.errors import RemoteObjectMissing, RemoteReadError, RemoteUnavailabl
 from tiering_core.logs import get_logger
 from tiering_core.ratelimit import RateLimiter
 from tiering_core.stores.base import ObjectNotFound, RemoteStore, RemoteStoreError, StoreUnavailable
-from tiering_core.stores.s3 import S3Store
-from tiering_core.stores.s3_ranges import PresignedRanges
 
 log = get_logger(__name__)
 
@@ -32,7 +29,6 @@ class RangeFetcher:
 
     def __init__(self, store: RemoteStore, settings: ReaderSettings) -> None:
         self.store = store
-        self.get_range = PresignedRanges(store).get_range if isinstance(store, S3Store) else store.get_range
         self.attempts = settings.read_attempts
         self.backoff = settings.read_retry_backoff_seconds
         self.limiter = RateLimiter(settings.download_bytes_per_second) if settings.download_bytes_per_second else None
@@ -53,7 +49,7 @@ class RangeFetcher:
             cached = self.cache.get(key, start, end)
             if cached is not None:
                 return cached
-        data = self._retrying(key, lambda: self.get_range(key, start, end), end - start + 1)
+        data = self._retrying(key, lambda: self.store.get_range(key, start, end), end - start + 1)
         if cacheable and self.cache is not None:
             self.cache.put(key, start, end, data)
         return data

@@ -18,10 +18,13 @@ import threading
 import time
 from collections import OrderedDict
 from functools import cached_property
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
-from tiering_core.stores.s3 import S3Store
+
+if TYPE_CHECKING:  # the store makes one of these for its get_range
+    from tiering_core.stores.s3 import S3Store
 
 _URLS = 4096  # presigned URLs kept (one per object read recently)
 
