@@ -30,7 +30,7 @@ from reader.spark.planning import PartitionRange
 from reader.spark.source import NAME, plan, shared_store
 from tiering_core.errors import ConfigError
 from tiering_core.logs import get_logger
-from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig
+from tiering_core.stores.config import AnyStoreConfig
 
 log = get_logger(__name__)
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
@@ -45,7 +45,7 @@ class ExportRequest:
     topic: str
     format: Literal["parquet", "delta"]
     path: str
-    store: S3StoreConfig | FileSystemStoreConfig
+    store: AnyStoreConfig
     starting: dict[int, int] = field(default_factory=dict)  # partition -> first offset (inclusive); -1: all
     ending: dict[int, int] = field(default_factory=dict)  # partition -> end offset (exclusive); -1: all
     starting_timestamp: int | None = None

@@ -22,14 +22,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from tiering_core.errors import ConfigError
-from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig
+from tiering_core.stores.config import STORE_CONFIGS, AnyStoreConfig
 
 _KNOWN = {
     "subscribe", "subscribepattern", "assign", "topicids", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "failondataloss", "maxslicebytes", "maxrowsperbatch",
     "windowbytes", "remotestorage", "path", "includelocaltail", "logstartoffsets",
 }  # fmt: skip
-_FIELD_NAMES = {n.replace("_", ""): n for model in (S3StoreConfig, FileSystemStoreConfig) for n in model.model_fields}
+_FIELD_NAMES = {n.replace("_", ""): n for model in STORE_CONFIGS for n in model.model_fields}
 
 
 class ReadOptions(BaseModel):
@@ -47,7 +47,7 @@ class ReadOptions(BaseModel):
     max_slice_bytes: int = 128 << 20
     max_rows_per_batch: int = 65536
     window_bytes: int = 16 << 20
-    store: S3StoreConfig | FileSystemStoreConfig
+    store: AnyStoreConfig
     include_local_tail: bool = False
     kafka: dict[str, str] = {}  # kafka.* options without the prefix: the local tail's consumer
     # topic id -> partition -> the log start offset a user set with delete_records (as the sidecar recorded
@@ -148,10 +148,11 @@ def _first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
 
-def store_options(config: S3StoreConfig | FileSystemStoreConfig) -> dict[str, str]:
+def store_options(config: AnyStoreConfig) -> dict[str, str]:
     """The options that pass ``config`` to the data source. The secret key travels in its own option,
     ``store.secretAccessKey``, whose name Spark's redaction (``spark.redaction.regex``) hides in plans and logs."""
     options = {"remoteStorage": config.model_dump_json(exclude_none=True, exclude={"secret_access_key"})}
-    if isinstance(config, S3StoreConfig) and config.secret_access_key is not None:
-        options["store.secretAccessKey"] = config.secret_key() or ""
+    secret = config.secret_key()
+    if secret is not None:
+        options["store.secretAccessKey"] = secret
     return options

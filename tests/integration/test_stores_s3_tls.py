@@ -86,7 +86,7 @@ def test_multipart_upload_and_ranged_reads_over_https(tls_minio: TlsMinio, tmp_p
     assert store.head(key) == len(body)
     assert store.get_bytes(f"{key}.manifest") == b"manifest bytes"
     assert store.get_range(key, PART - 10, PART + 9) == body[PART - 10 : PART + 10]
-    ranges = PresignedRanges(store)
+    ranges = PresignedRanges(store.client, store.bucket, store.endpoint)
     step = 1 << 20
     read = b"".join(
         ranges.get_range(key, start, min(start + step, len(body)) - 1) for start in range(0, len(body), step)
@@ -103,7 +103,7 @@ def test_an_untrusted_certificate_is_refused_naming_the_endpoint(tls_minio: TlsM
     with pytest.raises(StoreUnavailable) as put:
         store.put_bytes(key, b"never stored")
     with pytest.raises(StoreUnavailable) as get:
-        PresignedRanges(store).get_range(key, 0, 9)
+        PresignedRanges(store.client, store.bucket, store.endpoint).get_range(key, 0, 9)
     for error, named in ((put.value, tls_minio.endpoint_url), (get.value, key)):
         assert named in str(error) and "CERTIFICATE_VERIFY_FAILED" in str(error)
         assert str(error).endswith("set remote_storage.ca_bundle"), error  # what to do about it

@@ -69,7 +69,8 @@ def http_endpoint() -> Iterator[str]:
 def _ranges(endpoint: str) -> PresignedRanges:
     config = S3StoreConfig(bucket="b", endpoint_url=endpoint, region="us-east-1", path_style=True,
                            access_key_id="k", secret_access_key="s", max_attempts=1)  # fmt: skip
-    return PresignedRanges(S3Store(config))
+    store = S3Store(config)
+    return PresignedRanges(store.client, store.bucket, store.endpoint)
 
 
 def test_https_range_verified_against_the_ca_bundle(https_endpoint: str, cert: Path,

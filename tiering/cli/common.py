@@ -18,7 +18,7 @@ from tiering.sidecar.context import SidecarContext
 from tiering_core.errors import TieringError
 from tiering_core.kafka_cluster import kafka_error_text
 from tiering_core.stores.base import RemoteStore, RemoteStoreError
-from tiering_core.stores.config import S3StoreConfig, StoreConfig
+from tiering_core.stores.config import StoreConfig
 from tiering_core.stores.factory import open_store
 
 config_option = click.option(
@@ -80,13 +80,7 @@ ADMIN_STORE_ATTEMPTS = 2
 def admin_store(config: StoreConfig, timeout: float) -> StoreConfig:
     """``config`` with an operator command's bounds: a short connect timeout, few attempts, reads within
     ``timeout``."""
-    if not isinstance(config, S3StoreConfig):
-        return config
-    return config.model_copy(update={
-        "connect_timeout": min(config.connect_timeout, ADMIN_STORE_CONNECT_SECONDS),
-        "read_timeout": min(config.read_timeout, timeout),
-        "max_attempts": min(config.max_attempts, ADMIN_STORE_ATTEMPTS),
-    })  # fmt: skip
+    return config.bounded(ADMIN_STORE_CONNECT_SECONDS, timeout, ADMIN_STORE_ATTEMPTS)
 
 
 @dataclass

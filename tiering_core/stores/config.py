@@ -38,6 +38,14 @@ class S3StoreConfig(BaseModel):
         """The secret access key itself, for boto3 only (a SecretStr everywhere else)."""
         return self.secret_access_key.get_secret_value() if self.secret_access_key is not None else None
 
+    def bounded(self, connect_seconds: float, read_seconds: float, attempts: int) -> S3StoreConfig:
+        """This store with requests that give up sooner (an operator's command, not the sidecar's patience)."""
+        return self.model_copy(update={
+            "connect_timeout": min(self.connect_timeout, connect_seconds),
+            "read_timeout": min(self.read_timeout, read_seconds),
+            "max_attempts": min(self.max_attempts, attempts),
+        })  # fmt: skip
+
 
 class FileSystemStoreConfig(BaseModel):
     """A directory (a mounted NFS/object gateway, or the embedded default for trials)."""
@@ -48,5 +56,15 @@ class FileSystemStoreConfig(BaseModel):
     root: Path
     prefix: str = "kafka-tiering"
 
+    def secret_key(self) -> str | None:
+        """No secret: a directory."""
+        return None
 
-StoreConfig = Annotated[S3StoreConfig | FileSystemStoreConfig, Field(discriminator="kind")]
+    def bounded(self, connect_seconds: float, read_seconds: float, attempts: int) -> FileSystemStoreConfig:
+        """A directory answers at once or fails: nothing to bound."""
+        return self
+
+
+STORE_CONFIGS = (S3StoreConfig, FileSystemStoreConfig)  # every backend's settings: a new one is added here
+AnyStoreConfig = S3StoreConfig | FileSystemStoreConfig
+StoreConfig = Annotated[AnyStoreConfig, Field(discriminator="kind")]

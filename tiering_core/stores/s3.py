@@ -195,7 +195,7 @@ class S3Store:
 
     @cached_property
     def _ranges(self) -> PresignedRanges:
-        return PresignedRanges(self)
+        return PresignedRanges(self.client, self.bucket, self.endpoint)
 
     def get_bytes(self, key: str) -> bytes:
         return self._get(key)

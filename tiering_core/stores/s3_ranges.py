@@ -18,31 +18,29 @@ import threading
 import time
 from collections import OrderedDict
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import urlsplit
 
 from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
-
-if TYPE_CHECKING:  # the store makes one of these for its get_range
-    from tiering_core.stores.s3 import S3Store
 
 _URLS = 4096  # presigned URLs kept (one per object read recently)
 
 
 class PresignedRanges:
-    """``get_range(key, start, end)`` as ``S3Store.get_range`` (``end`` inclusive). Thread-safe."""
+    """``get_range(key, start, end)`` for ``S3Store.get_range`` (``end`` inclusive), with the store's boto3
+    ``client`` (it presigns), ``bucket`` and ``endpoint`` (named in errors). Thread-safe."""
 
-    def __init__(self, store: S3Store, presign_seconds: int = 900) -> None:
-        self.store = store
+    def __init__(self, client: Any, bucket: str, endpoint: str, presign_seconds: int = 900) -> None:
+        self.client, self.bucket, self.endpoint = client, bucket, endpoint
         self.presign_seconds = presign_seconds
-        config = store.client.meta.config
+        config = client.meta.config
         self.timeout = max(float(config.connect_timeout or 10), float(config.read_timeout or 60))
         self._urls: OrderedDict[str, tuple[float, str, str, str]] = OrderedDict()  # key -> (expiry, scheme, host, path)
         self._lock = threading.Lock()
         self._local = threading.local()
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        where = f"get s3://{self.store.bucket}/{key} bytes {start}-{end}"
+        where = f"get s3://{self.bucket}/{key} bytes {start}-{end}"
         for attempt in (0, 1):
             scheme, host, path = self._url(key, fresh=attempt > 0)
             conn = self._connection(scheme, host)
@@ -52,7 +50,7 @@ class PresignedRanges:
                 body = response.read()
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(scheme, host)
-                raise StoreUnavailable(self.store.endpoint, exc, where) from exc
+                raise StoreUnavailable(self.endpoint, exc, where) from exc
             status = response.status
             if status in (200, 206):
                 return body if status == 206 else body[start : end + 1]
@@ -63,8 +61,8 @@ class PresignedRanges:
             if status == 403 and b"expired" in body.lower() and attempt == 0:
                 continue  # the presigned URL outlived its credentials: sign again
             if status >= 500:
-                raise StoreUnavailable(self.store.endpoint, f"HTTP {status} {body[:200]!r}", where)
-            raise RemoteStoreError(f"{where} at {self.store.endpoint}: HTTP {status}: {body[:300]!r}")
+                raise StoreUnavailable(self.endpoint, f"HTTP {status} {body[:200]!r}", where)
+            raise RemoteStoreError(f"{where} at {self.endpoint}: HTTP {status}: {body[:300]!r}")
         raise AssertionError("unreachable")
 
     def _url(self, key: str, fresh: bool) -> tuple[str, str, str]:
@@ -75,11 +73,11 @@ class PresignedRanges:
                 self._urls.move_to_end(key)
                 return found[1:]
         try:
-            url = self.store.client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.store.bucket, "Key": key}, ExpiresIn=self.presign_seconds
+            url = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.presign_seconds
             )
         except Exception as exc:  # credentials that cannot sign: the store's error, naming the key
-            raise RemoteStoreError(f"signing a GET of s3://{self.store.bucket}/{key}: {exc}") from exc
+            raise RemoteStoreError(f"signing a GET of s3://{self.bucket}/{key}: {exc}") from exc
         parts = urlsplit(url)
         entry = (now + self.presign_seconds / 2, parts.scheme, parts.netloc, f"{parts.path}?{parts.query}")
         with self._lock:
@@ -92,7 +90,7 @@ class PresignedRanges:
     def ssl(self) -> ssl.SSLContext:
         """The TLS context of https endpoints, built on first use: loading the CA bundle costs about 50 ms,
         which a reader of a plain-http endpoint (a local MinIO) should not pay at start-up."""
-        verify = self.store.client._endpoint.http_session._verify  # boto3's own verify setting (path, True or False)
+        verify = self.client._endpoint.http_session._verify  # boto3's own verify setting (path, True or False)
         context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
         if verify is False:
             context.check_hostname = False
