@@ -29,7 +29,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kio.static.primitive import i32
 
@@ -54,11 +54,9 @@ from reader.proxy.protocol import (
     response_type,
 )
 from reader.proxy.routing import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE
+from reader.proxy.services import ProxyServices
 from tiering_core.errors import TieringError
 from tiering_core.logs import get_logger
-
-if TYPE_CHECKING:
-    from reader.proxy.server import ProxyServer
 
 log = get_logger(__name__)
 LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
@@ -123,7 +121,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: Callable[[], int],
 
 
 class ClientConnection:
-    def __init__(self, server: ProxyServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    def __init__(self, server: ProxyServices, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  node_id: int | None) -> None:  # fmt: skip
         self.server = server
         self.settings = server.settings.proxy

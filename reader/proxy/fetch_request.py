@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from reader.proxy.protocol import ProtocolError, array_length, skip_tagged_fields, string_length
+from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")

@@ -17,7 +17,7 @@ import struct
 import uuid
 from typing import NamedTuple
 
-from reader.proxy.protocol import ProtocolError, array_length, skip_tagged_fields, string_length, uvarint
+from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length, uvarint
 
 _I16 = struct.Struct(">h")
 _PARTITION_HEAD = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset

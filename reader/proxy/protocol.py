@@ -26,17 +26,13 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from tiering_core.errors import TieringError
+from reader.proxy.tagged import without_unknown_tags
+from reader.proxy.wire import ProtocolError, skip_tagged_fields
 
 API_VERSIONS = 18
 _HEAD = struct.Struct(">hhi")
-_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _GATHER_FROM = 1 << 14  # a write of this size or more is a piece of its own
-
-
-class ProtocolError(TieringError):
-    """A frame the proxy cannot read: its connection is closed (with a log line), never the process."""
 
 
 class RequestHead(NamedTuple):
@@ -125,48 +121,6 @@ def response_body_start(frame: bytes | memoryview, api_key: int, version: int) -
     return pos
 
 
-def uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 28:
-            raise ProtocolError("malformed unsigned varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-
-
-def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
-    count, pos = uvarint(buf, pos)
-    for _ in range(count):
-        _, pos = uvarint(buf, pos)
-        size, pos = uvarint(buf, pos)
-        pos += size
-    return pos
-
-
-def array_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
-    """An array's item count (0 for null) and where its items start: a compact array (count + 1 as an
-    unsigned varint) in the flexible versions, else an int32 count. Records and bytes are sized the same
-    way (their byte length in place of the count)."""
-    if flexible:
-        n, pos = uvarint(buf, pos)
-        return max(n - 1, 0), pos
-    (n,) = _INT32.unpack_from(buf, pos)
-    return max(n, 0), pos + 4
-
-
-def string_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
-    """A string's byte length (0 for null) and where its bytes start (compact or int16 length)."""
-    if flexible:
-        n, pos = uvarint(buf, pos)
-        return max(n - 1, 0), pos
-    (n,) = _INT16.unpack_from(buf, pos)
-    return max(n, 0), pos + 2
-
-
 def parse(entity_type: type, frame: bytes | bytearray | memoryview, start: int) -> Any:
     """A body of ``entity_type`` from ``start`` to the frame's end; ProtocolError if it does not parse.
     A tagged field the schema does not name is skipped, as Kafka does (``tagged.py``; kio refuses it).
@@ -177,8 +131,6 @@ def parse(entity_type: type, frame: bytes | bytearray | memoryview, start: int) 
     except Exception as exc:  # kio raises ValueError, struct errors, UnexpectedEOF... on bad input
         if "Unknown tagged field" not in str(exc):
             raise ProtocolError(f"cannot parse {entity_type.__name__} v{entity_type.__version__}: {exc}") from exc
-        from reader.proxy.tagged import without_unknown_tags  # it reads with this module's helpers
-
         return parse(entity_type, without_unknown_tags(entity_type, buffer, start), 0)
     return entity
 

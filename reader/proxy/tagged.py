@@ -29,7 +29,7 @@ from kio.serial._introspect import (
     is_optional,
 )
 
-from reader.proxy.protocol import ProtocolError, uvarint
+from reader.proxy.wire import ProtocolError, uvarint
 
 _FIXED = {"int8": 1, "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "error_code": 2, "int32": 4, "uint32": 4,
           "timedelta_i32": 4, "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
