@@ -342,7 +342,7 @@ def test_two_hundred_clients_that_never_read(stack: Endpoints, tmp_path: Path) -
                     time.sleep(5)  # the stuck clients' answers are built and held
                     got = read_all(proxy.bootstrap, topic.topic, topic.ends, timeout=240)
                     # not yet within a second here: the first ListOffsets while the 800 Fetch requests arrive
-                    # took 5.4 s (one event loop parses and plans them all; issue 26's note says so)
+                    # took 4.0-5.6 s (the one event loop plans and forwards them all; docs/operations.md says so)
                     check_bounds(proxy, watch, offsets_within=None)
             finally:
                 for client in clients:
