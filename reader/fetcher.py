@@ -49,7 +49,7 @@ class RangeFetcher:
             cached = self.cache.get(key, start, end)
             if cached is not None:
                 return cached
-        data = self._retrying(key, lambda: self.store.get_range(key, start, end), end - start + 1)
+        data = self._retrying(key, lambda: self.store.read_range(key, start, end), end - start + 1)
         if cacheable and self.cache is not None:
             self.cache.put(key, start, end, data)
         return data

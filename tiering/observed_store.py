@@ -78,6 +78,9 @@ class ObservedStore:
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._observe("get", lambda: self.inner.get_range(key, start, end))
 
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self._observe("get", lambda: self.inner.read_range(key, start, end))
+
     def get_bytes(self, key: str) -> bytes:
         return self._observe("get", lambda: self.inner.get_bytes(key))
 

@@ -85,6 +85,9 @@ class FileSystemStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_file(key, io.BytesIO(data), len(data))
 
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.get_range(key, start, end)
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         try:
             with self._path(key).open("rb") as f:
