@@ -10,6 +10,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -169,11 +170,15 @@ def test_a_request_with_a_tagged_field_the_proxy_does_not_know_is_answered(
         assert frame[-1] == 0
         return frame[:-1] + bytes([1, 90, 3, 1, 2, 3])
 
-    answers = []
-    for address in (proxy_bootstrap(proxy), stack.bootstrap):
+    def ask(address: str) -> Any:
         with RawKafka(address) as raw:
-            answers.append(raw.request(LIST_OFFSETS, 7, with_unknown_tag, **list_earliest(topic, [0, 1])))
-    through_proxy, from_broker = answers
+            return raw.request(LIST_OFFSETS, 7, with_unknown_tag, **list_earliest(topic, [0, 1]))
+
+    def led() -> bool:  # a topic just created answers NOT_LEADER_OR_FOLLOWER until its leaders are elected
+        return all(p.error_code == ErrorCode.none for t in ask(stack.bootstrap).topics for p in t.partitions)
+
+    wait_for(led, 30, "the new topic's leaders")
+    through_proxy, from_broker = ask(proxy_bootstrap(proxy)), ask(stack.bootstrap)
     assert through_proxy is not None, "the proxy closed the connection"
     assert through_proxy == from_broker
     still_serves(proxy)
