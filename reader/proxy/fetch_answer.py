@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any
 
 from reader.proxy.protocol import Gather, nested, response_pieces, response_type
+from reader.proxy.wire import put_uvarint
 
 _PARTITION = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset
 _I16 = struct.Struct(">h")
@@ -52,7 +53,7 @@ def fetch_answer_pieces(correlation_id: int, version: int, body: Any) -> list[by
         else:
             name = t.topic.encode()
             if flexible:
-                _uvarint(small, len(name) + 1)
+                put_uvarint(small, len(name) + 1)
             else:
                 small += _I16.pack(len(name))
             small += name
@@ -101,13 +102,6 @@ def _length(buf: bytearray, n: int | None, flexible: bool) -> None:
     """An array's count or a byte string's length (None: null), compact (+1, unsigned varint) or int32: the
     two encodings Kafka's records and (nullable) arrays share."""
     if flexible:
-        _uvarint(buf, 0 if n is None else n + 1)
+        put_uvarint(buf, 0 if n is None else n + 1)
     else:
         buf += _I32.pack(-1 if n is None else n)
-
-
-def _uvarint(buf: bytearray, value: int) -> None:
-    while value >= 0x80:
-        buf.append((value & 0x7F) | 0x80)
-        value >>= 7
-    buf.append(value)

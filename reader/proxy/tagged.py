@@ -29,7 +29,7 @@ from kio.serial._introspect import (
     is_optional,
 )
 
-from reader.proxy.wire import ProtocolError, uvarint
+from reader.proxy.wire import ProtocolError, put_uvarint, uvarint
 
 _FIXED = {"int8": 1, "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "error_code": 2, "int32": 4, "uint32": 4,
           "timedelta_i32": 4, "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
@@ -98,10 +98,13 @@ def _entity(entity_type: type, buf: memoryview, pos: int, out: bytearray) -> int
             value = bytearray()
             if _value(known, True, buf[:end], pos, value) != end:
                 raise ValueError(f"tagged field {tag} is not the size it says")
-            kept += _uvarint(tag) + _uvarint(len(value)) + value
+            put_uvarint(kept, tag)
+            put_uvarint(kept, len(value))
+            kept += value
             n += 1
         pos = end
-    out += _uvarint(n) + kept
+    put_uvarint(out, n)
+    out += kept
     return pos
 
 
@@ -147,12 +150,3 @@ def _single(f: _Field, flexible: bool, buf: memoryview, pos: int, out: bytearray
         raise IndexError(f"a {f.kind} runs past the end")
     out += buf[pos:end]
     return end
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

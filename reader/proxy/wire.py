@@ -56,3 +56,11 @@ def string_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool)
         return max(n - 1, 0), pos
     (n,) = _INT16.unpack_from(buf, pos)
     return max(n, 0), pos + 2
+
+
+def put_uvarint(buf: bytearray, value: int) -> None:
+    """Append ``value`` as an unsigned varint."""
+    while value >= 0x80:
+        buf.append((value & 0x7F) | 0x80)
+        value >>= 7
+    buf.append(value)
