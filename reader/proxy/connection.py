@@ -216,14 +216,16 @@ class ClientConnection:
         return Slot(api_key, version, correlation_id, started, True, finish)
 
     async def _fetch(self, frame: bytes, version: int, correlation_id: int, started: float) -> Slot:
-        head = read_request_head(frame)
-        request = parse(request_type(FETCH, version), frame, head.body)
-        clamped = int(getattr(request, "max_bytes", 0)) > self.settings.fetch_max_bytes
-        if clamped:  # the broker's fetch.max.bytes: one answer always fits the answer budget (config.py)
-            request = dataclasses.replace(request, max_bytes=i32(self.settings.fetch_max_bytes))
         server = self.server
+        turns = server.fetch_turns
         loop = asyncio.get_running_loop()
-        plan = FetchPlan.make(version, request, server.view)
+        async with turns:
+            head = read_request_head(frame)
+            request = parse(request_type(FETCH, version), frame, head.body)
+            clamped = int(getattr(request, "max_bytes", 0)) > self.settings.fetch_max_bytes
+            if clamped:  # the broker's fetch.max.bytes: one answer always fits the answer budget (config.py)
+                request = dataclasses.replace(request, max_bytes=i32(self.settings.fetch_max_bytes))
+            plan = FetchPlan.make(version, request, server.view)
         if plan.unconfirmed:
             plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
         client_id = head.client_id or ""
@@ -242,59 +244,65 @@ class ClientConnection:
                 await reading
                 plan.limit_upstream()
             # else the broker answers the probes while the remote part is read (one round trip less per fetch)
-        room = max(0, server.answers.capacity - server.answers.used)
-        if room < int(getattr(plan.upstream, "max_bytes", 0)):  # the broker's answer within the free room (frames.py)
-            plan.upstream = dataclasses.replace(plan.upstream, max_bytes=i32(room))
-            clamped = True
-        sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
-        if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
-            patched = patched_fetch_request(frame, head.body, version, plan.upstream)  # fetch_request.py
-            frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
+        async with turns:
+            room = max(0, server.answers.capacity - server.answers.used)
+            if room < int(getattr(plan.upstream, "max_bytes", 0)):  # the broker's answer within the free room
+                plan.upstream = dataclasses.replace(plan.upstream, max_bytes=i32(room))
+                clamped = True
+            sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
+            if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
+                patched = patched_fetch_request(frame, head.body, version, plan.upstream)  # fetch_request.py
+                frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
         await self._forward(frame)
 
         async def finish(answer: memoryview | None) -> Answer | None:
             assert answer is not None
-            start = response_body_start(answer, FETCH, version)
-            if not plan.remote:  # the broker's answer as it is, unless it has an error or addresses (fetch_scan.py)
-                scan = scan_fetch(answer, version, start)
-                plan.observe(scan.partitions, server.view)
-                if scan.plain:
-                    server.count_passed(len(scan.partitions))
-                    return None
+            nonlocal held
+            async with turns:
+                start = response_body_start(answer, FETCH, version)
+                if not plan.remote:  # the broker's answer as it is, unless it has an error or addresses
+                    scan = scan_fetch(answer, version, start)  # fetch_scan.py
+                    plan.observe(scan.partitions, server.view)
+                    if scan.plain:
+                        server.count_passed(len(scan.partitions))
+                        return None
             if reading is not None:
                 await reading  # before ``unread`` is asked: a partition is never read twice
-            body = parse(response_type(FETCH, version), answer, start)
-            nonlocal held
-            if not held and (plan.unread or plan.out_of_range(body)):  # remote records to come: room first
-                want = self._remote_charge(plan, [max_bytes for _, _, max_bytes in plan.offsets.values()])
-                held = server.answers.take_upto(want)
-                self.remote_held += held
-                if held < want:  # a smaller answer now rather than a wait behind clients that do not read
-                    plan.max_bytes = held // 2
-            if plan.unread or plan.out_of_range(body):  # remote reads, the catalog: off the event loop
+            async with turns:
+                body = parse(response_type(FETCH, version), answer, start)
+                remote_now = bool(plan.unread or plan.out_of_range(body))
+                if not held and remote_now:  # remote records to come: room first
+                    want = self._remote_charge(plan, [max_bytes for _, _, max_bytes in plan.offsets.values()])
+                    held = server.answers.take_upto(want)
+                    self.remote_held += held
+                    if held < want:  # a smaller answer now rather than a wait behind clients that do not read
+                        plan.max_bytes = held // 2
+                if not remote_now and plan.remote:
+                    body, changed = plan.merge(body, server.view)
+                else:
+                    changed = False
+            if remote_now:  # remote reads, the catalog: off the event loop
                 body, changed = await loop.run_in_executor(server.remote_pool, plan.merge, body, server.view)
-            elif plan.remote:
-                body, changed = plan.merge(body, server.view)
-            else:
-                changed = False
-            self.fetch_allowed.update(plan.allowed)
-            self.fetch_allowed.difference_update(plan.denied)
-            rewritten = server.router.rewrite(FETCH, body)
-            changed = changed or rewritten is not body
-            body = rewritten
-            slot.held = held = self._account(held, body) if changed else held  # ``slot`` is bound below, first
-            server.count_fetch(body, plan)
-            body, throttle_ms = server.quotas.throttle(self.node_id, self.auth.user, client_id, body, version,
-                                                       plan.served_remote)  # fmt: skip
+            async with turns:
+                self.fetch_allowed.update(plan.allowed)
+                self.fetch_allowed.difference_update(plan.denied)
+                rewritten = server.router.rewrite(FETCH, body)
+                changed = changed or rewritten is not body
+                body = rewritten
+                slot.held = held = self._account(held, body) if changed else held  # ``slot`` is bound below
+                server.count_fetch(body, plan)
+                body, throttle_ms = server.quotas.throttle(self.node_id, self.auth.user, client_id, body, version,
+                                                           plan.served_remote)  # fmt: skip
+                out = encode_fetch_answer(correlation_id, version, body) if changed or throttle_ms else None
             if throttle_ms:  # KIP-219: the (empty) answer goes out now and the connection's next requests wait
                 server.metrics.throttle_seconds.inc(throttle_ms / 1000)
                 self.throttled_until = max(self.throttled_until, time.monotonic() + throttle_ms / 1000)
                 if version < 8:  # clients before KIP-219 do not wait on their own: the answer waits instead
                     await asyncio.sleep(throttle_ms / 1000)
-                return encode_fetch_answer(correlation_id, version, body)
+                return out
             if plan.remote and plan.empty(body):
                 await asyncio.sleep(max(0.0, plan.max_wait_ms / 1000 - (time.perf_counter() - started)))
-            return encode_fetch_answer(correlation_id, version, body) if changed else None
+            return out
 
         slot = Slot(FETCH, version, correlation_id, started, True, finish, "remote" if plan.remote else "broker")
         return slot

@@ -32,6 +32,7 @@ from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
 from reader.proxy.tiered import TieredView
+from reader.proxy.turns import FetchTurns
 from reader.remote import RemoteReader
 from tiering_core.errors import TieringError
 from tiering_core.kafka_client import client_properties
@@ -78,6 +79,7 @@ class ProxyServer:
         self.offsets_pool = ThreadPoolExecutor(p.offsets_threads, thread_name_prefix="proxy-offsets")
         self.answers = ByteBudget(p.answer_buffer_bytes)
         self.requests = ByteBudget(p.request_buffer_bytes)
+        self.fetch_turns = FetchTurns()
         self.upstream_ssl = settings.upstream_ssl()
         self.client_ssl = p.tls.context() if p.tls is not None else None
         self.servers: dict[int | None, asyncio.base_events.Server] = {}

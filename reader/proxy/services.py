@@ -15,6 +15,7 @@ from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
 from reader.proxy.tiered import TieredView
+from reader.proxy.turns import FetchTurns
 
 
 class ProxyServices(Protocol):
@@ -27,6 +28,7 @@ class ProxyServices(Protocol):
     requests: ByteBudget  # request bytes being read, over all connections
     remote_pool: Executor  # remote reads and the merges that wait on them
     offsets_pool: Executor  # ListOffsets / OffsetForLeaderEpoch completions, apart from the remote reads
+    fetch_turns: FetchTurns  # a Fetch's Python work on the event loop (plan, merge, encode) one per iteration
 
     async def open_upstream(self, node: int | None) -> FrameProtocol:
         """A connection to ``node``'s broker (any bootstrap broker for None)."""
