@@ -359,7 +359,7 @@ class PartitionStream:
         first records are delivered before a whole window, or batch, is decoded, and records live
         shorter); the window is finished when its batches are."""
         key = cur.head.copy.log_key
-        view, headers = cur.view, cur.headers
+        headers = cur.headers
         out: list[RecordBatch] = []
         position = self.position
         keep = self.filter
@@ -380,7 +380,7 @@ class PartitionStream:
                         self.position = position
                         self._drop_windows()  # located again (with the newer metadata) on the next read
                         return out
-                    if not keep.keep(key, view, h):
+                    if not keep.keep(h):
                         position = h.last_offset + 1
                         continue
                 if h.is_control:

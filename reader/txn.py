@@ -4,7 +4,12 @@ Kafka's broker sends a fetch's aborted transactions (producer id, first offset) 
 indexes (``.txnindex``) of the segments from the fetched one onward; the consumer walks the batches in
 order, adds a producer to the aborted set once a batch reaches that first offset, drops that
 producer's transactional batches while it is there, removes it at its ABORT marker, and never
-delivers control batches. ``AbortFilter`` is that walk.
+delivers control batches. The index entry's last offset is that marker's offset, so the walk drops
+exactly the transactional batches of producer P whose base offset lies in an aborted transaction's
+[first offset, last offset] of P: ``AbortedRanges`` is that rule, the one every reader applies (the
+TieredConsumer, HTTP service and access layer through ``AbortFilter``, the Spark source's Python loop
+directly, and its compiled decoder the same comparison in ``native/src/columns.rs``). No marker
+needs decoding.
 
 The index entry of an aborted transaction sits in the segment holding its ABORT marker, which may be
 after the segment being read, so ``transactions_for`` scans forward through the later copies until
@@ -21,7 +26,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from reader.segments import SegmentCopy
-from tiering_core.formats import AbortedTxn, BatchHeader, control_marker, decode_batch
+from tiering_core.formats import AbortedTxn, BatchHeader
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -56,32 +61,43 @@ def transactions_for(copy: SegmentCopy, following: Iterable[SegmentCopy]) -> Txn
     return TxnView(sorted(aborted, key=lambda a: a.first_offset), open_txns)
 
 
+class AbortedRanges:
+    """Whether a transactional batch is aborted, batch by batch in offset order (amortised O(1)).
+    ``ranges``: (producer id, first offset, last offset) of aborted transactions."""
+
+    __slots__ = ("_next", "_open", "_ranges")
+
+    def __init__(self, ranges: Iterable[tuple[int, int, int]]) -> None:
+        self._ranges = sorted(ranges, key=lambda r: r[1])
+        self._next = 0
+        self._open: dict[int, int] = {}  # producer id -> last offset of its aborted transaction begun so far
+
+    def aborts(self, producer_id: int, base_offset: int) -> bool:
+        """A transactional batch of ``producer_id`` at ``base_offset`` is one of an aborted transaction."""
+        ranges, i = self._ranges, self._next
+        while i < len(ranges) and ranges[i][1] <= base_offset:
+            self._open[ranges[i][0]] = ranges[i][2]
+            i += 1
+        self._next = i
+        last = self._open.get(producer_id)
+        return last is not None and base_offset <= last
+
+
 class AbortFilter:
     """Decides batch by batch, in offset order, from ``start`` offset on (Kafka's consumer logic)."""
 
-    __slots__ = ("aborted", "aborting", "next", "unresolved")
+    __slots__ = ("ranges", "unresolved")
 
     def __init__(self, view: TxnView, start: int) -> None:
-        self.aborted = [a for a in view.aborted if a.last_offset >= start]
-        self.next = 0
-        self.aborting: set[int] = set()
+        self.ranges = AbortedRanges((a.producer_id, a.first_offset, a.last_offset)
+                                    for a in view.aborted if a.last_offset >= start)  # fmt: skip
         self.unresolved = view.unresolved
 
-    def keep(self, name: str, buf: bytes | memoryview, header: BatchHeader) -> bool:
+    def keep(self, header: BatchHeader) -> bool:
         """Whether the batch's records are delivered. Control batches never are."""
-        if header.producer_id >= 0:
-            aborted, i = self.aborted, self.next
-            while i < len(aborted) and aborted[i].first_offset <= header.last_offset:
-                self.aborting.add(aborted[i].producer_id)
-                i += 1
-            self.next = i
         if header.is_control:
-            if header.producer_id in self.aborting:
-                records = decode_batch(name, buf, header).records
-                if records and control_marker(records[0]).kind == "ABORT":
-                    self.aborting.discard(header.producer_id)
             return False
-        return not (header.is_transactional and header.producer_id in self.aborting)
+        return not (header.is_transactional and self.ranges.aborts(header.producer_id, header.base_offset))
 
     def unresolved_at(self, header: BatchHeader) -> bool:
         """The batch belongs to a transaction whose outcome is beyond the remote data."""

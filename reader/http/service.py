@@ -137,7 +137,6 @@ class FetchService:
     def _committed(self, fetched: RemoteFetch, offset: int) -> tuple[bytes, list[BatchHeader], int, int | None]:
         """The batches read_committed delivers: no aborted batch, no control batch, nothing from an open
         transaction on (``fetched.headers`` are in offset order)."""
-        key = fetched.copy.log_key
         filt = AbortFilter(self.reader.transactions(fetched.copy), offset)
         kept: list[BatchHeader] = []
         next_offset, lso = fetched.next_offset, None
@@ -145,7 +144,7 @@ class FetchService:
             if filt.unresolved_at(h):
                 next_offset = lso = max(offset, h.base_offset)
                 break
-            if filt.keep(key, fetched.data, h):
+            if filt.keep(h):
                 kept.append(h)
         if len(kept) == len(fetched.headers):
             return fetched.data, kept, next_offset, lso

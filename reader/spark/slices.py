@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from reader.spark.columns import ColumnBuilder, native_batch, records_section
+from reader.txn import AbortedRanges
 from tiering_core.errors import FormatError
 from tiering_core.formats.batch import HEADER_SIZE, LOG_OVERHEAD, check_header
 from tiering_core.formats.compression import decompress
@@ -82,10 +83,6 @@ def pack_slices(slices: list[SegmentSlice], max_bytes: int) -> list[SlicePack]:
     return [SlicePack(tuple(p)) for p in packs]
 
 
-def _is_aborted(aborted: tuple[tuple[int, int, int], ...], producer_id: int, offset: int) -> bool:
-    return any(pid == producer_id and first <= offset <= last for pid, first, last in aborted)
-
-
 def read_slice(
     store: RemoteStore, part: SegmentSlice, *, window_bytes: int = 16 << 20, max_rows: int = 65536
 ) -> Iterator[pa.RecordBatch]:
@@ -105,6 +102,7 @@ def read_slice(
     buf_start = pos
     low, high = part.copy_offsets or (0, 2**63 - 1)
     previous = low - 1
+    aborted = AbortedRanges(part.aborted)
     while pos < part.end:
         buf, buf_start, local, size = _window(store, part, pos, buf, buf_start, window_bytes)
         try:
@@ -130,7 +128,7 @@ def read_slice(
             last >= part.first_offset
             and header.base_offset <= part.last_offset
             and not header.attributes & 0x20  # control batch: transaction markers
-            and not (header.attributes & 0x10 and _is_aborted(part.aborted, header.producer_id, header.base_offset))
+            and not (header.attributes & 0x10 and aborted.aborts(header.producer_id, header.base_offset))
         )
         if wanted:
             section = records_section(buf, header, local)

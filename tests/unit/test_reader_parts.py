@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import tempfile
 import threading
 from array import array
 from pathlib import Path
@@ -18,10 +19,12 @@ from reader.disk_cache import DiskCache
 from reader.errors import RemoteDataCorrupt
 from reader.messages import TieredMessage, message_class
 from reader.pool import MemoryPool
+from reader.spark.slices import SegmentSlice, read_slice
 from reader.txn import AbortFilter, TxnView
 from reader.windows import windows_from
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.formats import AbortedTxn, decode_batch, scan_headers
+from tiering_core.stores.filesystem import FileSystemStore
 
 TXN, CONTROL = 0x10, 0x20
 
@@ -38,7 +41,7 @@ def data(offset: int, n: int, pid: int = -1) -> bytes:
 
 def kept(view: TxnView, start: int, log: bytes) -> list[int]:
     f = AbortFilter(view, start)
-    return [h.base_offset for h in scan_headers("log", log) if h.last_offset >= start and f.keep("log", log, h)]
+    return [h.base_offset for h in scan_headers("log", log) if h.last_offset >= start and f.keep(h)]
 
 
 def test_aborted_transaction_and_its_marker_are_dropped_like_the_broker_does() -> None:
@@ -48,6 +51,51 @@ def test_aborted_transaction_and_its_marker_are_dropped_like_the_broker_does() -
     assert kept(view, 0, log) == [0, 13, 16, 20]  # 7's aborted batch and every control batch are gone
     assert kept(view, 16, log) == [16, 20]  # an abort that ended before the start does not linger
     assert kept(TxnView([], {}), 0, log) == [0, 10, 13, 16, 20]  # read_uncommitted-like: only markers dropped
+
+
+def _kafka_consumer_walk(log: bytes, aborted: list[AbortedTxn]) -> list[int]:
+    """Kafka's consumer (``CompletedFetch.nextFetchedBatch``): a producer joins the aborted set when a batch
+    reaches its aborted transaction's first offset and leaves it at its ABORT marker; the reference model."""
+    pending, aborting, kept = sorted(aborted, key=lambda a: a.first_offset), set(), []
+    for h in scan_headers("log", log):
+        while pending and pending[0].first_offset <= h.last_offset:
+            aborting.add(pending.pop(0).producer_id)
+        if h.is_control:
+            marker = decode_batch("log", log[h.position : h.position + h.size], h._replace(position=0)).records[0]
+            if marker.key[2:4] == b"\x00\x00":  # ABORT
+                aborting.discard(h.producer_id)
+        elif not (h.is_transactional and h.producer_id in aborting):
+            kept.append(h.base_offset)
+    return kept
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["data", "data", "commit", "abort"])), max_size=60))
+def test_every_reader_drops_the_batches_kafkas_consumer_drops(ops: list[tuple[int, str]]) -> None:
+    """The one abort rule (reader/txn.py ``AbortedRanges``) against Kafka's consumer walk, through the
+    TieredConsumer's / HTTP service's / access layer's ``AbortFilter`` and the Spark source's slice reader,
+    on interleaved transactions of three producers (3 = no producer) committed and aborted in any order."""
+    log, aborted, first, offset = b"", [], {}, 0
+    for producer, op in [*ops, *((p, "commit") for p in range(3))]:
+        pid = 100 + producer if producer < 3 else -1
+        if op == "data":
+            log += data(offset, 2, pid)
+            first.setdefault(pid, offset)
+            offset += 2
+        elif pid in first:
+            log += control(offset, pid, 0 if op == "abort" else 1)
+            if op == "abort":
+                aborted.append(AbortedTxn(0, pid, first[pid], offset, offset))
+            del first[pid]
+            offset += 1
+    want = _kafka_consumer_walk(log, aborted)
+    assert kept(TxnView(aborted, {}), 0, log) == want
+    with tempfile.TemporaryDirectory() as root:
+        store = FileSystemStore(Path(root))
+        store.put_bytes("seg.log", log)
+        ranges = tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
+        part = SegmentSlice("t", 0, "seg.log", 0, len(log), 0, max(offset - 1, 0), ranges)
+        rows = [o for b in read_slice(store, part) for o in b.column("offset").to_pylist()] if log else []
+    assert rows == [o for base in want for o in (base, base + 1)]  # each data batch holds two records
 
 
 def test_unresolved_transaction_is_reported_from_its_first_offset() -> None:
