@@ -236,8 +236,9 @@ class PartitionSegments:
         )
 
     def segment_for_offset(self, offset: int) -> RemoteSegment | None:
-        """The finished copy holding ``offset``; where copies of two leader epochs overlap, the one
-        written with the higher leader epoch (then the later one) wins. None if no copy holds it."""
+        """The finished copy holding ``offset``; where copies overlap, the one made under the higher leader
+        epoch, then the one with the higher base offset, then the later one (``Manifest.preference``, the
+        rule the Spark source applies to the manifests). None if no copy holds it."""
         base, end, st, epoch, order = self.base, self.end, self.state, self.epoch, self.order
         i = bisect.bisect_right(order, offset, key=base.__getitem__) - 1
         best = -1

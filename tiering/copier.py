@@ -67,8 +67,10 @@ class SegmentCopier:
         self.limiter = limiter
         self.slots = threading.BoundedSemaphore(max_concurrent)
 
-    def copy(self, ref: SegmentRef, segment: LocalSegment, size: int | None = None) -> Manifest:
-        """Copy the rolled segment's bytes ``[0, size)`` (default: its current size) under ``ref``'s keys.
+    def copy(self, ref: SegmentRef, segment: LocalSegment, size: int | None = None, leader_epoch: int = -1
+             ) -> Manifest:  # fmt: skip
+        """Copy the rolled segment's bytes ``[0, size)`` (default: its current size) under ``ref``'s keys,
+        made by the leader of ``leader_epoch`` (the manifest says so: ``Manifest.preference``).
 
         The copy is whole or nothing: its batches must cover exactly ``size`` bytes and every offset up
         to the next segment's base offset - 1, which the manifest then states. Raises SegmentGone if the
@@ -112,6 +114,7 @@ class SegmentCopier:
                         indexes_crc32c=crc32c.crc32c(indexes),
                         index_parts=parts,
                         created_ms=int(time.time() * 1000),
+                        leader_epoch=leader_epoch,
                     )  # fmt: skip
                     stored = self.store.head(log_key)
                     if stored != length:

@@ -123,6 +123,18 @@ class Manifest(BaseModel):
     indexes_crc32c: int
     index_parts: dict[str, tuple[int, int]]  # name -> (position in .indexes, length)
     created_ms: int
+    leader_epoch: int = -1  # the epoch of the leader that made the copy (its WAL records'); -1: not recorded
+
+    def preference(self) -> tuple[int, int, int, str]:
+        """Where copies overlap, the one with the largest preference holds the offset: the copy made under
+        the higher leader epoch (after an unclean election the new leader's log is the partition's, even where
+        its records carry older epochs), then the higher base offset, then the later one. Copies made under
+        one epoch hold the same records at the offsets they share (a leader's log only grows), so the rest
+        only makes the choice the same everywhere. The metadata's ``segment_for_offset`` applies the same
+        rule to the WAL's records; a manifest written before ``leader_epoch`` was recorded counts its records'
+        highest epoch, which is at most the leader's."""
+        epoch = self.leader_epoch if self.leader_epoch >= 0 else max((e for e, _ in self.leader_epochs), default=-1)
+        return (epoch, self.base_offset, self.created_ms, self.segment_id.hex)
 
     @property
     def ref(self) -> SegmentRef:

@@ -38,7 +38,8 @@ class Copy:
 
     @property
     def epoch(self) -> int:
-        return max((e for e, _ in self.manifest.leader_epochs), default=-1)
+        """The leader epoch that decided for this copy (``Manifest.preference``)."""
+        return self.manifest.preference()[0]
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,8 @@ def choose_copies(manifests: list[Manifest], prefix: str) -> list[Copy]:
                 break
             next_offset = min(m.base_offset for m in later)  # a hole (data Kafka deleted before its upload)
             continue
-        best = max(candidates, key=_preference)
+        best = max(candidates, key=Manifest.preference)
         ref = best.ref
         chosen.append(Copy(best, ref.key(prefix, "log"), ref.key(prefix, "indexes"), next_offset, best.end_offset))
         next_offset = best.end_offset + 1
     return chosen
-
-
-def _preference(m: Manifest) -> tuple[int, int, int, str]:
-    return (max((e for e, _ in m.leader_epochs), default=-1), m.end_offset, m.created_ms, m.segment_id.hex)

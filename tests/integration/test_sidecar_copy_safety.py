@@ -171,7 +171,9 @@ def test_segment_without_time_index_entries_is_judged_by_its_file_time(stack: En
             (copy,) = ctx.manager.segments(topic_id, p, FINISHED)
             assert copy.max_timestamp == mtimes[p], f"partition {p}: not judged by the file's modification time"
             ref = SegmentRef(topic, topic_id, p, 0, uuid.UUID(bytes=copy.segment_id))
-            assert ctx.copier.manifest(ref).max_timestamp == record_max[p]
+            manifest = ctx.copier.manifest(ref)
+            assert manifest.max_timestamp == record_max[p]
+            assert manifest.leader_epoch == copy.leader_epoch >= 0  # the copying leader's, as the WAL's record
             assert ctx.store.get_bytes(ref.key(ctx.prefix, "log")) == originals[p]
 
 

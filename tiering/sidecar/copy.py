@@ -88,7 +88,7 @@ def copy_segment(writer: PartitionWriter, decision: CopyDecision, local: Local, 
         abandon(writer, ref, end, seg)
         return True
     try:
-        manifest = ctx.copier.copy(ref, LocalSegment(files, next_base), size=seg.size)
+        manifest = ctx.copier.copy(ref, LocalSegment(files, next_base), size=seg.size, leader_epoch=writer.epoch)
     except Exception as exc:  # whatever it is: count it, delete what was written, report it
         message = f"copy of {files.log} failed: {exc if isinstance(exc, TieringError) else repr(exc)}"
         if isinstance(exc, FormatError):

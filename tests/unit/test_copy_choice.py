@@ -1,0 +1,65 @@
+"""One copy-choice rule: where copies overlap, the sidecar's readers (the metadata's ``segment_for_offset``)
+and the Spark source (``choose_copies`` over the manifests) read every offset from the same copy."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metadata import MetadataState
+from reader.spark.listing import choose_copies
+from segment_fsm import SegmentState
+from tests.metadata_factory import TOPIC_ID, seg
+from tiering_core.objects import Manifest
+
+CopySpec = tuple[int, int, int, int]  # base, length, leader epoch, the records' highest epoch below it
+
+
+def _manifest(sid: uuid.UUID, base: int, end: int, epoch: int, data_epoch: int, created: int) -> Manifest:
+    return Manifest(topic="orders", topic_id=TOPIC_ID, partition=0, segment_id=sid, base_offset=base,
+                    end_offset=end, max_timestamp=0, leader_epochs=[(data_epoch, base)], log_size=1,
+                    log_crc32c=0, indexes_size=0, indexes_crc32c=0, index_parts={}, created_ms=created,
+                    leader_epoch=epoch)  # fmt: skip
+
+
+def _metadata_walk(specs: list[tuple[uuid.UUID, int, int, int]]) -> list[tuple[uuid.UUID, int, int]]:
+    """(copy, first, last) as a TieredConsumer reads from the lowest offset: the copy for an offset to its end,
+    then the next offset (over holes)."""
+    state = MetadataState()
+    for sid, base, end, epoch in sorted(specs, key=lambda s: s[3]):  # the WAL fences older epochs: in order
+        for st_ in (SegmentState.COPY_SEGMENT_STARTED, SegmentState.COPY_SEGMENT_FINISHED):
+            assert state.apply(seg(sid, st_, base, end, epoch=epoch)).accepted
+    p = state.partition(TOPIC_ID, 0)
+    assert p is not None
+    out, offset, top = [], min(s[1] for s in specs), max(s[2] for s in specs)
+    while offset <= top:
+        found = p.segment_for_offset(offset)
+        if found is None:
+            offset = min(s[1] for s in specs if s[1] > offset)
+            continue
+        out.append((uuid.UUID(bytes=found.segment_id), offset, found.end_offset))
+        offset = found.end_offset + 1
+    return out
+
+
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 120), st.integers(0, 4), st.integers(0, 4)),
+                min_size=1, max_size=12))  # fmt: skip
+def test_metadata_and_manifests_choose_the_same_copy_for_every_offset(copies: list[CopySpec]) -> None:
+    specs = [(uuid.uuid4(), base, base + length - 1, epoch) for base, length, epoch, _ in copies]
+    # the manifests in the WAL's order (epoch, then as written): ``created`` follows it
+    order = sorted(range(len(specs)), key=lambda i: specs[i][3])
+    manifests = [_manifest(specs[i][0], specs[i][1], specs[i][2], specs[i][3], min(copies[i][3], specs[i][3]), n)
+                 for n, i in enumerate(order)]  # fmt: skip
+    chosen = [(c.manifest.segment_id, c.first, c.last) for c in choose_copies(manifests, "p")]
+    assert chosen == _metadata_walk(specs)
+
+
+def test_the_copying_leaders_epoch_wins_over_the_records_epochs() -> None:
+    """After an unclean election the new leader (epoch 5) copies records of epoch 2 over offsets the old leader
+    (epoch 4) copied with records of epoch 4: the partition's log is the new leader's."""
+    old, new = uuid.uuid4(), uuid.uuid4()
+    manifests = [_manifest(old, 0, 99, 4, 4, 1), _manifest(new, 0, 99, 5, 2, 2)]
+    assert [c.manifest.segment_id for c in choose_copies(manifests, "p")] == [new]
+    assert _metadata_walk([(old, 0, 99, 4), (new, 0, 99, 5)]) == [(new, 0, 99)]
