@@ -1,0 +1,58 @@
+"""What a request handler gives the connection: a *slot* for the request's answer, in request order, and
+what a handler sees of its connection (``Exchange``). Kroxylicious' filter context plays this part."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from reader.proxy.authentication import Authentication
+from reader.proxy.config import ProxyListen
+from reader.proxy.services import ProxyServices
+
+Answer = bytes | memoryview | list[bytes | memoryview]  # one buffer, or pieces to write in order
+Finish = Callable[[memoryview | None], Awaitable[Answer | None]]
+
+
+@dataclass(slots=True)
+class Slot:
+    """A request's answer to come, in request order."""
+
+    api_key: int
+    version: int
+    correlation_id: int
+    started: float
+    upstream: bool  # the broker answers it (the next frame from the broker is its answer)
+    finish: Finish | None  # completes the answer; None: the broker's bytes go out unchanged
+    source: str = "broker"
+    held: int = 0  # answer budget bytes taken for a remote answer, given back once it is out
+
+
+@dataclass(slots=True)
+class Request:
+    frame: bytes
+    api_key: int
+    version: int
+    correlation_id: int
+    started: float  # perf_counter when it was read
+
+
+class Exchange(Protocol):
+    """A client connection as its request handlers see it."""
+
+    server: ProxyServices
+    settings: ProxyListen  # the proxy section of the settings
+    node_id: int | None
+    auth: Authentication
+    throttled_until: float  # monotonic time until which a client over its quota is not read (KIP-219)
+    fetch_allowed: set[Any]  # topic keys whose remote reads may start before the broker answers
+    remote_held: int  # answer budget bytes taken for this connection's remote answers not yet out
+
+    async def forward(self, frame: bytes) -> None:
+        """Send ``frame`` to the connection's broker (its answer is the next frame from it)."""
+        ...
+
+    def client_waiting(self) -> bool:
+        """Answers wait in the client's transport: it is not taking them as fast as they come."""
+        ...
