@@ -7,8 +7,10 @@ The API, in the order a reader uses it:
 - ``MetadataCatalog``: the tiering metadata without a sidecar (snapshots + the WAL partitions of the
   watched topics, followed): topic ids, finished copies, the copy holding an offset, Rx/Ry.
 - ``RemoteReader``: ``locate`` a copy (``SegmentCopy``: manifest, offset index, aborted
-  transactions), ``fetch(topic, partition, offset, max_bytes)`` whole verified record batches
-  (``RemoteFetch``, raw bytes as Kafka wrote them), ``read_range`` of a copy's ``.log``.
+  transactions), ``read_range`` of a copy's ``.log``.
+- ``CursorCache(reader, capacity, memory_wait).read(topic, topic_id, partition, offset, max_bytes,
+  read_committed)``: whole verified record batches (raw bytes as Kafka wrote them) from the offset on,
+  read ahead for the next read at the offset the last one ended (``reader.cursor``).
 - ``PartitionStream(reader, topic, partition, offset)``: sequential decoded reads with read-ahead into
   the memory pool (hard byte cap), the next segment fetched ahead, read_committed filtering.
 - ``HotDataPreloader``: started by ``RemoteReader`` when ``hot_data_interval_seconds`` is set; warms the
@@ -25,6 +27,7 @@ Errors (``reader.errors``): ``OffsetOutOfRange``, ``NotInRemote``, ``RemoteObjec
 from reader.catalog import MetadataCatalog
 from reader.config import ReaderSettings, load_reader_settings
 from reader.consumer import TieredConsumer
+from reader.cursor import CursorCache
 from reader.errors import (
     NotInRemote,
     OffsetOutOfRange,
@@ -36,13 +39,14 @@ from reader.errors import (
 )
 from reader.hotdata import HotDataPreloader
 from reader.messages import TieredEvent, TieredMessage
-from reader.remote import RemoteFetch, RemoteReader
+from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.stream import PartitionStream
 from reader.txn import AbortFilter, TxnView
 
 __all__ = [
     "AbortFilter",
+    "CursorCache",
     "HotDataPreloader",
     "MetadataCatalog",
     "NotInRemote",
@@ -50,7 +54,6 @@ __all__ = [
     "PartitionStream",
     "ReaderSettings",
     "RemoteDataCorrupt",
-    "RemoteFetch",
     "RemoteObjectMissing",
     "RemoteReadError",
     "RemoteReader",

@@ -37,8 +37,21 @@ class DiskCache:
         self._evict()
 
     @staticmethod
-    def _name(key: str, start: int, end: int) -> str:
-        return hashlib.sha256(f"{key}\0{start}\0{end}".encode()).hexdigest()[:40] + ".win"
+    def _object(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    @classmethod
+    def _name(cls, key: str, start: int, end: int) -> str:
+        return f"{cls._object(key)}-{start}-{end}.win"
+
+    def discard(self, key: str) -> None:
+        """Drop every window of the object ``key``: a read found it damaged (what the store holds may be
+        repaired, and a cached window must not keep the damage)."""
+        prefix = self._object(key) + "-"
+        with self.lock:
+            names = [name for name in self.entries if name.startswith(prefix)]
+        for name in names:
+            self._drop(name)
 
     def contains(self, key: str, start: int, end: int) -> bool:
         with self.lock:

@@ -73,3 +73,8 @@ class RemoteUnavailable(RemoteReadError):
 
 class UnknownTopic(RemoteReadError):
     """The topic exists neither in the Kafka cluster nor in the tiering metadata."""
+
+
+class MemoryBusy(RemoteReadError):
+    """No room in the memory pool for the window a read needs, within the wait allowed (``reader/cursor.py``):
+    the access layer answers the partition without records this time, the HTTP service 503 with Retry-After."""

@@ -54,6 +54,11 @@ class RangeFetcher:
             self.cache.put(key, start, end, data)
         return data
 
+    def forget(self, key: str) -> None:
+        """The object ``key`` was found damaged: none of its windows is served from the disk cache again."""
+        if self.cache is not None:
+            self.cache.discard(key)
+
     def get_object(self, key: str) -> bytes:
         """A whole (small) object: manifests."""
         return self._retrying(key, lambda: self.store.get_bytes(key), 0)

@@ -2,8 +2,8 @@
 
 ``RemoteReader`` owns what every remote read shares: the catalog, the fetcher (retries, rate limit,
 concurrency cap, disk cache), the index cache, the memory pool and the download threads.
-``fetch(topic, partition, offset, max_bytes)`` is one bounded read (the HTTP service's unit);
-``stream(...)`` (reader/stream.py) reads sequentially with read-ahead (the consumer's).
+The cursors of reader/cursor.py read whole batches with read-ahead for the access layer and the HTTP
+service; ``stream(...)`` (reader/stream.py) decodes records sequentially with read-ahead (the consumer's).
 
 What it serves is verified: each batch's CRC-32C, offsets inside the copy and growing, the object's
 size against the manifest (a GET asks for one byte more than the manifest's size, so a longer
@@ -14,11 +14,9 @@ mismatch raises an error naming the key; nothing of a damaged range is returned.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import crc32c
 
-from reader.batches import checked_headers, complete_prefix
 from reader.catalog import MetadataCatalog
 from reader.config import ReaderSettings
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteDataCorrupt, RemoteObjectMissing
@@ -35,22 +33,6 @@ from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteFetch:
-    """Whole record batches from a copy, starting with the batch holding ``offset``.
-
-    ``data`` is the batches' bytes exactly as Kafka wrote them (any Kafka client library decodes
-    them); ``headers`` their headers, positions relative to ``data``. ``next_offset`` is where the
-    next read continues.
-    """
-
-    copy: SegmentCopy
-    offset: int
-    data: bytes
-    headers: list[BatchHeader]
-    next_offset: int
 
 
 class RemoteReader:
@@ -142,70 +124,35 @@ class RemoteReader:
         longer than its manifest says; at a whole-object read, its CRC-32C is checked too."""
         size = copy.size
         data = self.fetcher.get(copy.log_key, start, _last_byte(copy, end), cacheable=cacheable)
+        problem = None
         if end >= size:
             if len(data) != size - start:
-                raise RemoteDataCorrupt(copy.log_key, start + len(data),
-                                        f"object has {start + len(data)}{'+' if len(data) > size - start else ''} "
-                                        f"bytes, the manifest says {size}")  # fmt: skip
-            if start == 0 and crc32c.crc32c(data) != copy.manifest.log_crc32c:
-                raise RemoteDataCorrupt(copy.log_key, 0, "CRC-32C of the object does not match the manifest")
+                longer = "+" if len(data) > size - start else ""
+                problem = (start + len(data), f"object has {start + len(data)}{longer} bytes, the manifest says {size}")
+            elif start == 0 and crc32c.crc32c(data) != copy.manifest.log_crc32c:
+                problem = (0, "CRC-32C of the object does not match the manifest")
         elif len(data) != end - start:
-            raise RemoteDataCorrupt(copy.log_key, start + len(data), f"object ends before the manifest's size {size}")
+            problem = (start + len(data), f"object ends before the manifest's size {size}")
+        if problem is not None:
+            self.damaged(copy.log_key)
+            raise RemoteDataCorrupt(copy.log_key, *problem)
         return data
+
+    def damaged(self, key: str) -> None:
+        """A read found the object ``key`` damaged: its windows leave the disk cache (every reader calls this
+        where it finds damage, so a repaired object is read from the store again)."""
+        self.fetcher.forget(key)
 
     def is_cached(self, copy: SegmentCopy, start: int, end: int) -> bool:
         """Whether ``[start, end)`` of the copy's ``.log`` is in the disk cache (False without one)."""
         cache = self.fetcher.cache
         return cache is not None and cache.contains(copy.log_key, start, _last_byte(copy, end))
 
-    def fetch(
-        self, topic: str, partition: int, offset: int, max_bytes: int, topic_id: str | None = None
-    ) -> RemoteFetch:
-        """Whole batches from the one holding ``offset``, about ``max_bytes`` of them (at least one batch,
-        as Kafka's fetch). Raises OffsetOutOfRange, NotInRemote, RemoteObjectMissing, RemoteDataCorrupt,
-        RemoteUnavailable."""
-        copy = self.locate(topic, partition, offset, topic_id)
-        position = copy.position_for(offset)
-        while True:  # the index is sparse: batches below ``offset`` before the one holding it are skipped
-            data, headers = self._whole_batches(copy, position, max(max_bytes, 64))
-            wanted = [h for h in headers if h.last_offset >= offset]
-            if wanted or not headers or position + len(data) >= copy.size:
-                break
-            position += len(data)
-        first = wanted[0].position if wanted else len(data)
-        data = data[first:]
-        wanted = [h._replace(position=h.position - first) for h in wanted]
-        verify_crcs(copy.log_key, data, wanted, position + first)
-        next_offset = wanted[-1].last_offset + 1 if wanted else copy.end_offset + 1
-        return RemoteFetch(copy, offset, data, wanted, next_offset)
-
-    def _whole_batches(self, copy: SegmentCopy, start: int, max_bytes: int) -> tuple[bytes, list[BatchHeader]]:
-        """About ``max_bytes`` of whole batches from ``start`` (at least one batch), with checked headers."""
-        end = min(copy.size, start + max_bytes)
-        reserved = end - start
-        self.pool.reserve(reserved)
+    def read_or_gone(self, copy: SegmentCopy, start: int, end: int, *, cacheable: bool = False) -> bytes:
+        """``read_range``; a missing object whose copy retention deleted meanwhile is OffsetOutOfRange (what
+        the broker answers for an offset below its log start), not a read error."""
         try:
-            data = self._read_or_gone(copy, start, end)
-            whole = complete_prefix(copy.log_key, data, start)
-            if whole == 0 and end < copy.size:  # the first batch is larger than max_bytes: read it whole
-                length = int.from_bytes(data[8:12], "big", signed=True) + 12
-                self.pool.release(reserved)
-                reserved = min(length, copy.size - start)
-                self.pool.reserve(reserved)
-                end = start + reserved
-                data = self._read_or_gone(copy, start, end)
-                whole = complete_prefix(copy.log_key, data, start)
-            if end >= copy.size and whole != len(data):
-                raise RemoteDataCorrupt(copy.log_key, start + whole, "the object ends inside a batch")
-            data = data[:whole]
-            return data, checked_headers(copy.log_key, data, start, copy.base_offset, copy.end_offset, -1)
-        finally:
-            self.pool.release(reserved)
-
-    def _read_or_gone(self, copy: SegmentCopy, start: int, end: int) -> bytes:
-        """``read_range``; a missing object whose copy retention deleted meanwhile is OffsetOutOfRange."""
-        try:
-            return self.read_range(copy, start, end)
+            return self.read_range(copy, start, end, cacheable=cacheable)
         except RemoteObjectMissing:
             ref = copy.ref
             self.catalog.catch_up()

@@ -169,14 +169,19 @@ class PartitionStream:
                 return []
             try:
                 self.current = self._open(head, self._take(head))
-            except BaseException:
-                self._drop_windows()  # the next read starts afresh at ``position``
+            except BaseException as exc:
+                self._failed(exc)  # the next read starts afresh at ``position``
                 raise
         try:
             return self._decode_some(self.current)
-        except BaseException:
-            self._drop_windows()
+        except BaseException as exc:
+            self._failed(exc)
             raise
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, RemoteDataCorrupt):
+            self.reader.damaged(exc.key)
+        self._drop_windows()
 
     def close(self) -> None:
         self.closed = True

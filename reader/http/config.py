@@ -54,6 +54,16 @@ class HttpSettings(BaseModel):
     ready_timeout_seconds: float = Field(
         default=5.0, gt=0, description="How long /readyz waits for the metadata to catch up before saying no."
     )
+    cursors: int = Field(
+        default=256, ge=1,
+        description="Partitions read ahead between requests: a client's next request (at the next_offset the "
+        "last answer gave) finds its data downloaded. A cache: past it the least recently used is dropped.",
+    )  # fmt: skip
+    memory_wait_seconds: float = Field(
+        default=5.0, gt=0,
+        description="How long a request waits for room in the memory pool before it is answered 503 with "
+        "Retry-After (read-ahead gives its room back first).",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _consistent(self) -> HttpSettings:

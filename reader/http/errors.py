@@ -4,8 +4,8 @@
 CORRUPT_MESSAGE), so a client maps it as it maps a broker's answer. An offset outside the remote data
 is 416 with the remote start and end and the broker's log start: below the remote start the data is
 gone (seek to ``remote_start_offset``), above the remote end the broker takes over. A missing or corrupt
-object is 502 and an unreachable store or metadata 503 (with Retry-After), each naming the object key:
-never records from a damaged range.
+object is 502 and an unreachable store or metadata, or a memory pool without room, 503 (with
+Retry-After), each naming the object key: never records from a damaged range.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 
 from metadata.wal import WalError
 from reader.errors import (
+    MemoryBusy,
     NotInRemote,
     OffsetOutOfRange,
     RemoteDataCorrupt,
@@ -59,8 +60,8 @@ RECORD_ERRORS: dict[int | str, dict] = {
         416: "OFFSET_OUT_OF_RANGE: below the remote start (data gone) or above the remote end (the broker serves it).",
         422: "INVALID_REQUEST: a parameter is missing, malformed or beyond its bound.",
         502: "A remote object is missing or corrupt (the key is named); nothing of it is served.",
-        503: "The remote store or the metadata is unreachable now, or downloads of the topic are paused; retry "
-        "later (Retry-After).",
+        503: "The remote store or the metadata is unreachable now, downloads of the topic are paused, or the "
+        "memory pool had no room in time (MEMORY_BUSY); retry later (Retry-After).",
     }.items()
 }
 
@@ -112,6 +113,7 @@ def install(app: FastAPI, service: FetchService) -> None:
     app.add_exception_handler(RemoteObjectMissing, handler(502, "REMOTE_OBJECT_MISSING"))
     app.add_exception_handler(RemoteDataCorrupt, handler(502, "CORRUPT_MESSAGE"))
     app.add_exception_handler(RemoteUnavailable, handler(503, "REMOTE_STORAGE_UNAVAILABLE", retry=True))
+    app.add_exception_handler(MemoryBusy, handler(503, "MEMORY_BUSY", retry=True))
     app.add_exception_handler(DownloadPaused, handler(503, "DOWNLOAD_PAUSED", retry=True))
     app.add_exception_handler(RemoteReadError, handler(502, "REMOTE_STORAGE_ERROR"))
     app.add_exception_handler(WalError, handler(503, "METADATA_UNAVAILABLE", retry=True))

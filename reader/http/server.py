@@ -22,7 +22,7 @@ log = get_logger(__name__)
 def serve(settings: ServiceSettings) -> None:
     """Serve until SIGINT/SIGTERM (in-flight requests finish, then the reader closes)."""
     http = settings.http
-    service = FetchService(RemoteReader.open(settings))
+    service = FetchService(RemoteReader.open(settings), http.cursors, http.memory_wait_seconds)
     try:
         app = create_app(service, http)
         config = uvicorn.Config(

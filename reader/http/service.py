@@ -1,14 +1,16 @@
 """What one HTTP request serves, without HTTP: a bounded remote fetch, filtered by the isolation level.
 
 ``FetchService`` is the whole state of a service instance: a ``RemoteReader`` (catalog, caches,
-memory pool) and the metrics. Nothing about a client is kept between requests (the next offset
-travels in the response), so any number of instances can serve behind a load balancer.
+memory pool), the remote-read cursors (a cache of read-ahead) and the metrics. Nothing about a client is
+kept between requests that another instance would need (the next offset travels in the response), so any
+number of instances can serve behind a load balancer.
 
 read_committed is the broker's and the consumer's rule together: the broker would send the batches
 and the aborted transactions, the consumer drops the aborted batches and every control batch. Here
 the service drops them itself, so a client needs no transaction logic: the body holds only whole
 batches as Kafka wrote them. A transaction whose outcome is not in the remote data yet ends the
-page at its first offset (``last_stable_offset``, as the broker's LSO).
+pages before its first offset: the page that reaches it is empty with ``last_stable_offset`` (as the
+broker's LSO) and ``next_offset`` there.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
+from reader.cursor import CursorCache, ServedBatches
+from reader.errors import MemoryBusy, NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
 from reader.http.metrics import FetchMetrics
-from reader.remote import RemoteFetch, RemoteReader
-from reader.txn import AbortFilter
+from reader.remote import RemoteReader
+from reader.txn import AbortFilter, TxnView
 from tiering_core.errors import TieringError
-from tiering_core.formats import BatchHeader
+from tiering_core.formats import AbortedTxn, BatchHeader, scan_headers
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -71,14 +74,22 @@ class DownloadPaused(RemoteReadError):
 
 
 class FetchService:
-    """One service instance's state: the remote reader and the metrics. Thread-safe."""
+    """One service instance's state: the remote reader, its cursors and the metrics. Thread-safe.
 
-    def __init__(self, reader: RemoteReader, metrics: FetchMetrics | None = None) -> None:
+    The batches come from the remote-read cursors the access layer uses too (``reader/cursor.py``), kept by
+    the offset each continues at: a client's next request finds its read-ahead ready. They are a cache, not
+    client state: any instance serves any request, the first one from a cold cursor."""
+
+    def __init__(self, reader: RemoteReader, cursors: int = 256, memory_wait: float = 5.0,
+                 metrics: FetchMetrics | None = None) -> None:  # fmt: skip
+        """``cursors`` and ``memory_wait``: ``http.cursors`` and ``http.memory_wait_seconds``."""
         self.reader = reader
         self.catalog = reader.catalog
         self.metrics = metrics or FetchMetrics(reader)
+        self.cursors = CursorCache(reader, cursors, memory_wait)
 
     def close(self) -> None:
+        self.cursors.close()
         self.reader.close()
 
     # -- partitions ------------------------------------------------------------------------------
@@ -119,43 +130,60 @@ class FetchService:
             raise DownloadPaused(topic)
         started = time.monotonic()
         try:
-            fetched = self.reader.fetch(topic, partition, offset, max_bytes, topic_id)
-        except (OffsetOutOfRange, NotInRemote):
+            served = self._read(topic, topic_id, partition, offset, max_bytes, isolation == "read_committed")
+        except (OffsetOutOfRange, NotInRemote, MemoryBusy):
             raise
         except RemoteReadError as exc:
             self.metrics.fetch_failed(topic, partition)
             log.error("remote fetch failed", topic=topic, partition=partition, offset=offset, error=str(exc))
             raise
-        self.metrics.fetched(topic, partition, len(fetched.data), time.monotonic() - started)
+        self.metrics.fetched(topic, partition, len(served.data), time.monotonic() - started)
         rx, ry = self.catalog.remote_offsets(topic, partition, topic_id)
+        data = bytes(served.data)
+        headers = list(scan_headers(served.key, data))
+        lso = served.next_offset if served.undecided else None
         if isolation == "read_committed":
-            data, headers, next_offset, lso = self._committed(fetched, offset)
-        else:
-            data, headers, next_offset, lso = fetched.data, fetched.headers, fetched.next_offset, None
-        return Page(topic, partition, offset, data, headers, next_offset, rx, ry, lso, fetched.copy.log_key)
+            data, headers = _committed(data, headers, served.aborted, offset)
+        return Page(topic, partition, offset, data, headers, served.next_offset, rx, ry, lso, served.key)
 
-    def _committed(self, fetched: RemoteFetch, offset: int) -> tuple[bytes, list[BatchHeader], int, int | None]:
-        """The batches read_committed delivers: no aborted batch, no control batch, nothing from an open
-        transaction on (``fetched.headers`` are in offset order)."""
-        filt = AbortFilter(self.reader.transactions(fetched.copy), offset)
-        kept: list[BatchHeader] = []
-        next_offset, lso = fetched.next_offset, None
-        for h in fetched.headers:
-            if filt.unresolved_at(h):
-                next_offset = lso = max(offset, h.base_offset)
-                break
-            if filt.keep(h):
-                kept.append(h)
-        if len(kept) == len(fetched.headers):
-            return fetched.data, kept, next_offset, lso
-        parts, headers, position = [], [], 0
-        for h in kept:
-            parts.append(fetched.data[h.position : h.position + h.size])
-            headers.append(h._replace(position=position))
-            position += h.size
-        return b"".join(parts), headers, next_offset, lso
+    def _read(self, topic: str, topic_id: str, partition: int, offset: int, max_bytes: int,
+              read_committed: bool) -> ServedBatches:  # fmt: skip
+        """Batches from ``offset``, about ``max_bytes`` of them (at least one), over the cursor's windows."""
+        parts: list[bytes | memoryview] = []
+        aborted: list[AbortedTxn] = []
+        position, left, key, undecided = offset, max_bytes, "", None
+        while left > 0 and undecided is None:
+            try:
+                served = self.cursors.read(topic, topic_id, partition, position, left, read_committed, not parts)
+            except NotInRemote:
+                if parts:
+                    break  # the rest is the broker's: the next request says so
+                raise
+            if not served.data and not served.undecided:
+                break  # the next batch is larger than what is left
+            parts.append(served.data)
+            aborted += [a for a in served.aborted if a not in aborted]
+            position, left, undecided = served.next_offset, left - len(served.data), served.undecided
+            key = served.key or key
+        return ServedBatches(b"".join(parts), aborted, position, undecided, key)
 
     # -- health ----------------------------------------------------------------------------------
     def ready(self, timeout: float) -> None:
         """Raises (WalError, KafkaClusterError) unless the metadata is followed and caught up now."""
         self.catalog.catch_up(timeout)
+
+
+def _committed(data: bytes, headers: list[BatchHeader], aborted: list[AbortedTxn], offset: int
+               ) -> tuple[bytes, list[BatchHeader]]:  # fmt: skip
+    """The batches read_committed delivers: no aborted batch and no control batch (the cursor stopped before
+    any transaction whose outcome is not remote yet)."""
+    filt = AbortFilter(TxnView(aborted, {}), offset)
+    kept = [h for h in headers if filt.keep(h)]
+    if len(kept) == len(headers):
+        return data, kept
+    parts, out, position = [], [], 0
+    for h in kept:
+        parts.append(data[h.position : h.position + h.size])
+        out.append(h._replace(position=position))
+        position += h.size
+    return b"".join(parts), out

@@ -4,7 +4,7 @@ Clients bootstrap to the proxy instead of the brokers. It forwards every request
 (``reader.proxy.connection``) and rewrites only broker addresses (``reader.proxy.routing``), so clients
 keep coming back through it, one port per broker. It answers what the broker no longer can for tiered
 data: Fetch below the log start from the remote copies' own batches (``reader.proxy.fetch``, read ahead
-by ``reader.proxy.remote_batches`` through the reader's memory pool, disk cache and download threads),
+by ``reader.cursor`` through the reader's memory pool, disk cache and download threads),
 ListOffsets EARLIEST / LATEST_TIERED / by timestamp and OffsetForLeaderEpoch (``reader.proxy.answers``,
 ``reader.proxy.tiered``). It keeps no state but caches.
 

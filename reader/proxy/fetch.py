@@ -46,10 +46,10 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
+from reader.cursor import ServedBatches
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError
 from reader.proxy.fetch_scan import ScannedPartition
 from reader.proxy.protocol import build, nested, response_type
-from reader.proxy.remote_batches import ServedBatches
 from reader.proxy.tiered import TieredView, TopicKey
 from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.logs import get_logger

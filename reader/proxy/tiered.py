@@ -30,8 +30,8 @@ from metadata import WalError
 from metadata.records import topic_id_bytes
 from reader.batches import complete_prefix
 from reader.catalog import MetadataCatalog
-from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
-from reader.proxy.remote_batches import CursorCache, MemoryBusy, ServedBatches
+from reader.cursor import CursorCache, ServedBatches
+from reader.errors import MemoryBusy, NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from tiering_core.formats import decode_batch, scan_headers

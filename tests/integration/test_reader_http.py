@@ -491,10 +491,12 @@ def test_corrupt_or_deleted_object_is_an_error_naming_the_key(services: list[Ser
         store = reader.fetcher.store
         copies = reader.catalog.copies(tiered.name, 0)
         damaged = reader.locate(tiered.name, 0, copies[-3].base_offset)
-        body = bytearray(store.get_bytes(damaged.log_key))
+        original = store.get_bytes(damaged.log_key)
+        body = bytearray(original)
         body[len(body) // 2] ^= 0xFF
         store.put_bytes(damaged.log_key, bytes(body))
         gone = reader.locate(tiered.name, 0, copies[-2].base_offset)
+        gone_bytes = store.get_bytes(gone.log_key)
         store.delete([gone.log_key])
 
     offset = damaged.base_offset
@@ -512,6 +514,15 @@ def test_corrupt_or_deleted_object_is_an_error_naming_the_key(services: list[Ser
     r = s.get(path(tiered, "/batches"), offset=gone.base_offset)
     assert r.status_code == 502, r.text
     assert r.json()["error"] == "REMOTE_OBJECT_MISSING" and r.json()["key"] == gone.log_key
+
+    store.put_bytes(damaged.log_key, original)  # repaired: served again, nothing of the damage kept
+    store.put_bytes(gone.log_key, gone_bytes)
+    for offset in (damaged.base_offset, gone.base_offset):
+        r = s.get(path(tiered, "/records"), offset=offset, max_bytes=4096)
+        assert r.status_code == 200, r.text
+        records = r.json()["records"]
+        assert records and records[0]["offset"] >= offset
+        assert all((unb64(rec["key"]), unb64(rec["value"])) == tiered.produced[rec["offset"]][:2] for rec in records)
 
 
 def test_offset_below_the_remote_start_is_out_of_range(

@@ -20,12 +20,13 @@ from reader import (
     RemoteReader,
     RemoteUnavailable,
 )
+from reader.cursor import CursorCache, ServedBatches
 from reader.windows import windows_from
 from segment_fsm import SegmentState
 from tests.fault_proxy import TcpProxy
 from tests.reader_harness import TieredTopic, tiered_topic
 from tests.sidecar_harness import wait_for
-from tiering_core.formats import iter_batches
+from tiering_core.formats import iter_batches, scan_headers
 
 pytestmark = pytest.mark.integration
 
@@ -36,18 +37,23 @@ def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield t
 
 
-def read_all(reader: RemoteReader, topic: str, max_bytes: int) -> tuple[dict[int, tuple], dict[str, bytes]]:
-    """Every record from offset 0 through fetch(), and the raw bytes served per object key."""
+def fetch(cursors: CursorCache, topic: str, offset: int, max_bytes: int) -> ServedBatches:
+    """One read of partition 0 through the remote-read cursors (what the proxy and the HTTP service use)."""
+    return cursors.read(topic, cursors.reader.catalog.topic_id(topic), 0, offset, max_bytes, False)
+
+
+def read_all(cursors: CursorCache, topic: str, max_bytes: int) -> tuple[dict[int, tuple], dict[str, bytes]]:
+    """Every record from offset 0 through the cursors, and the raw bytes served per object key."""
     records: dict[int, tuple] = {}
     raw: dict[str, bytes] = {}
     offset = 0
     while True:
         try:
-            fetched = reader.fetch(topic, 0, offset, max_bytes)
+            fetched = fetch(cursors, topic, offset, max_bytes)
         except NotInRemote:
             return records, raw
-        raw[fetched.copy.log_key] = raw.get(fetched.copy.log_key, b"") + fetched.data
-        for batch in iter_batches(fetched.copy.log_key, fetched.data):
+        raw[fetched.key] = raw.get(fetched.key, b"") + fetched.data
+        for batch in iter_batches(fetched.key, fetched.data):
             for r in batch.records:
                 if r.offset >= offset:
                     assert r.offset not in records, f"offset {r.offset} served twice"
@@ -79,7 +85,7 @@ def test_catalog_follows_only_the_topics_wal_partitions(tiered: TieredTopic) -> 
 @pytest.mark.parametrize("max_bytes", [1, 10_000, 1 << 20])
 def test_fetch_serves_every_tiered_record_verbatim(tiered: TieredTopic, max_bytes: int) -> None:
     with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
-        records, raw = read_all(reader, tiered.topic, max_bytes)
+        records, raw = read_all(CursorCache(reader, 16, 5.0), tiered.topic, max_bytes)
         _, ry = reader.catalog.remote_offsets(tiered.topic, 0)
         store = reader.fetcher.store
         for key, served in raw.items():
@@ -94,12 +100,13 @@ def test_fetch_serves_every_tiered_record_verbatim(tiered: TieredTopic, max_byte
 
 def test_fetch_from_the_middle_of_a_batch_starts_with_that_batch(tiered: TieredTopic) -> None:
     with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
-        copy = reader.catalog.copies(tiered.topic, 0)[1]
+        cursors = CursorCache(reader, 16, 5.0)
+        copy = reader.locate(tiered.topic, 0, reader.catalog.copies(tiered.topic, 0)[1].base_offset)
         offset = copy.base_offset + 7
-        fetched = reader.fetch(tiered.topic, 0, offset, 4096)
-        first = fetched.headers[0]
+        fetched = fetch(cursors, tiered.topic, offset, 4096)
+        first = next(scan_headers(fetched.key, fetched.data))
         assert first.base_offset <= offset <= first.last_offset
-        assert fetched.copy.base_offset == copy.base_offset
+        assert fetched.key == copy.log_key
 
 
 def test_store_unreachable_retries_then_fails_then_resumes(tiered: TieredTopic, stack: Endpoints) -> None:
@@ -111,19 +118,21 @@ def test_store_unreachable_retries_then_fails_then_resumes(tiered: TieredTopic, 
         settings = tiered.reader_settings(remote_storage=storage.model_dump(), read_attempts=3,
                                           read_retry_backoff_seconds=0.1)  # fmt: skip
         with RemoteReader.open(settings, [tiered.topic]) as reader:
+            cursors = CursorCache(reader, 16, 5.0)
             proxy.cut()
             with pytest.raises(RemoteUnavailable) as failed:
-                reader.fetch(tiered.topic, 0, 0, 65536)
+                fetch(cursors, tiered.topic, 0, 65536)
             assert failed.value.attempts == 3 and ".manifest" in failed.value.key
             proxy.restore()
-            fetched = reader.fetch(tiered.topic, 0, 0, 65536)
-            assert fetched.headers[0].base_offset == 0
+            fetched = fetch(cursors, tiered.topic, 0, 65536)
+            assert next(scan_headers(fetched.key, fetched.data)).base_offset == 0
     finally:
         proxy.close()
 
 
 def test_corrupted_or_deleted_object_is_an_error_naming_the_key(tiered: TieredTopic) -> None:
     with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
+        cursors = CursorCache(reader, 16, 5.0)
         store = reader.fetcher.store
         copies = reader.catalog.copies(tiered.topic, 0)
         damaged = reader.locate(tiered.topic, 0, copies[2].base_offset)
@@ -131,24 +140,24 @@ def test_corrupted_or_deleted_object_is_an_error_naming_the_key(tiered: TieredTo
         body[len(body) // 2] ^= 0xFF  # one flipped bit pattern inside some record
         store.put_bytes(damaged.log_key, bytes(body))
         with pytest.raises(RemoteDataCorrupt) as corrupt:
-            read_from(reader, tiered.topic, damaged.base_offset, damaged.end_offset)
+            read_from(cursors, tiered.topic, damaged.base_offset, damaged.end_offset)
         assert damaged.log_key in str(corrupt.value)
 
         longer = reader.locate(tiered.topic, 0, copies[3].base_offset)
         store.put_bytes(longer.log_key, store.get_bytes(longer.log_key) + b"\0" * 10)
         with pytest.raises(RemoteDataCorrupt, match="the manifest says"):
-            reader.fetch(tiered.topic, 0, longer.base_offset, 1 << 30)
+            fetch(cursors, tiered.topic, longer.base_offset, 1 << 30)
 
         gone = reader.locate(tiered.topic, 0, copies[4].base_offset)
         store.delete([gone.log_key])
         with pytest.raises(RemoteObjectMissing) as missing:
-            reader.fetch(tiered.topic, 0, gone.base_offset, 65536)
+            fetch(cursors, tiered.topic, gone.base_offset, 65536)
         assert missing.value.key == gone.log_key
 
 
-def read_from(reader: RemoteReader, topic: str, offset: int, last: int) -> None:
+def read_from(cursors: CursorCache, topic: str, offset: int, last: int) -> None:
     while offset <= last:
-        offset = reader.fetch(topic, 0, offset, 16384).next_offset
+        offset = fetch(cursors, topic, offset, 16384).next_offset
 
 
 def test_reader_settings_accept_the_sidecar_file(tiered: TieredTopic, tmp_path: Path) -> None:
@@ -201,9 +210,11 @@ def test_hot_data_preloader_warms_committed_offsets_below_the_log_start(tiered: 
         assert reader.is_cached(copy, first.start, first.end), "the window a group member starts with is not cached"
 
 
-def test_stream_checks_the_whole_objects_crc_where_batch_crcs_cannot_see(tiered: TieredTopic) -> None:
-    """The leader epoch in a batch header is outside the batch CRC: only the object's CRC-32C catches it."""
-    with RemoteReader.open(tiered.reader_settings(), [tiered.topic]) as reader:
+def test_stream_checks_the_whole_objects_crc_where_batch_crcs_cannot_see(tiered: TieredTopic, tmp_path: Path) -> None:
+    """The leader epoch in a batch header is outside the batch CRC: only the object's CRC-32C catches it. The
+    damaged object's windows leave the disk cache: once the object is repaired, it is read whole again."""
+    settings = tiered.reader_settings(disk_cache_dir=str(tmp_path / "cache"), fetch_window_bytes=64 * 1024)
+    with RemoteReader.open(settings, [tiered.topic]) as reader:
         copy = reader.locate(tiered.topic, 0, reader.catalog.copies(tiered.topic, 0)[5].base_offset)
         store = reader.fetcher.store
         original = store.get_bytes(copy.log_key)
@@ -220,3 +231,9 @@ def test_stream_checks_the_whole_objects_crc_where_batch_crcs_cannot_see(tiered:
             stream.close()
         finally:
             store.put_bytes(copy.log_key, original)
+        stream = PartitionStream(reader, tiered.topic, 0, copy.base_offset)
+        offsets = []
+        while stream.position <= copy.end_offset:
+            offsets += [r.offset for batch in stream.read(5.0) for r in batch.records]
+        stream.close()
+        assert [o for o in offsets if o <= copy.end_offset] == list(range(copy.base_offset, copy.end_offset + 1))

@@ -137,6 +137,17 @@ def test_disk_cache_round_trip_eviction_and_damage(tmp_path: Path) -> None:
     assert again.get("k", 2048, 3071) is None and not entry.exists()
 
 
+def test_a_damaged_object_leaves_the_disk_cache_whole(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path, 1 << 20)
+    for start in (0, 1024):
+        cache.put("damaged", start, start + 1023, b"d" * 1024)
+    cache.put("other", 0, 1023, b"o" * 1024)
+    cache.discard("damaged")
+    assert cache.get("damaged", 0, 1023) is None and cache.get("damaged", 1024, 2047) is None
+    assert cache.get("other", 0, 1023) == b"o" * 1024 and cache.size == 1028
+    assert sorted(p.name for p in tmp_path.glob("*.win")) == [DiskCache._name("other", 0, 1023)]
+
+
 def test_batch_checks_name_the_key_and_position() -> None:
     log = data(100, 3) + data(103, 2)
     assert complete_prefix("key", log + log[:20], 0) == len(log)

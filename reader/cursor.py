@@ -1,4 +1,5 @@
-"""Whole record batches from the remote copies, read ahead, for the proxy's Fetch answers.
+"""Whole record batches from the remote copies, read ahead: what the access layer's Fetch answers and the HTTP
+service's pages are made of (the batches as Kafka wrote them, never decoded).
 
 A ``BatchCursor`` reads one partition sequentially from an offset: the copy's ``.log`` in the same
 windows as every other remote reader (``reader.windows.windows_from``: batch-aligned ranges of about
@@ -31,7 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from reader.batches import check_offsets, complete_prefix, scanned_headers
-from reader.errors import RemoteDataCorrupt, RemoteReadError
+from reader.errors import MemoryBusy, RemoteDataCorrupt
 from reader.remote import RemoteReader, verify_crcs
 from reader.segments import SegmentCopy
 from reader.txn import TxnView
@@ -39,11 +40,6 @@ from reader.windows import windows_from
 from tiering_core.formats import AbortedTxn, BatchHeader
 
 _BEYOND = (1 << 63) - 1  # the last offset of an aborted transaction whose marker only the broker has
-
-
-class MemoryBusy(RemoteReadError):
-    """No room in the memory pool for the window a read needs, within the wait allowed: the partition is
-    answered without records this time (every wait of the access layer is bounded)."""
 
 
 # What the broker said of transactions the remote data leaves open: (producer id, first offset) -> aborted
@@ -73,6 +69,7 @@ class ServedBatches:
     next_offset: int
     # read_committed stopped at transactions whose outcome is not remote yet: producer id -> first offset
     undecided: Mapping[int, int] | None = None
+    key: str = ""  # the .log object the batches come from (errors decoding them name it)
 
 
 class _Window:
@@ -200,7 +197,9 @@ class BatchCursor:
                 chosen = self._resolved(chosen, decided)
                 if not chosen:
                     assert self.txns is not None
-                    return ServedBatches(b"", [], self.position, undecided=dict(self.txns.unresolved))
+                    undecided = dict(self.txns.unresolved)
+                    self.txns = None  # asked again next time: the outcome may have been copied meanwhile
+                    return ServedBatches(b"", [], self.position, undecided=undecided)
                 j = i + len(chosen)
             first, last = chosen[0], chosen[-1]
             records = bytes(memoryview(self.data)[first.position : last.position + last.size])  # see the docstring
@@ -211,7 +210,7 @@ class BatchCursor:
             self.next_batch = j
             self.position = last.last_offset + 1
             self._fill()
-            return ServedBatches(records, aborted, self.position)
+            return ServedBatches(records, aborted, self.position, key=self.copy.log_key)
 
     def _next_window(self) -> None:
         """Take the head window (the next copy's first, located ahead or now, when this copy is done)."""
@@ -271,7 +270,7 @@ class BatchCursor:
                 if not self.pool.try_reserve(w.end - w.start):
                     break
                 w.reserved = w.end - w.start
-                w.future = future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end,
+                w.future = future = self.reader.executor.submit(self.reader.read_or_gone, w.copy, w.start, w.end,
                                                                 cacheable=True)  # fmt: skip
             future.add_done_callback(lambda _, w=w: self._downloaded(w))  # type: ignore[misc]
         if tail is not None and tail.end >= tail.copy.size and len(planned) <= ahead and tail.copy is not self.after:
@@ -310,17 +309,21 @@ class BatchCursor:
                                  f"{self.memory_wait}s")  # fmt: skip
             with self.pool.cond:
                 w.reserved = size
-            w.future = future = self.reader.executor.submit(self.reader.read_range, w.copy, w.start, w.end,
+            w.future = future = self.reader.executor.submit(self.reader.read_or_gone, w.copy, w.start, w.end,
                                                             cacheable=True)  # fmt: skip
         data = future.result()
         copy = w.copy
         key = copy.log_key
-        whole = complete_prefix(key, data, w.start)
-        if whole != len(data):
-            raise RemoteDataCorrupt(key, w.start + whole, "a window of the object ends inside a batch")
-        headers = scanned_headers(key, data, w.start)
-        check_offsets(key, headers, w.start, copy.base_offset, copy.end_offset, -1)
-        verify_crcs(key, data, headers, w.start)
+        try:
+            whole = complete_prefix(key, data, w.start)
+            if whole != len(data):
+                raise RemoteDataCorrupt(key, w.start + whole, "a window of the object ends inside a batch")
+            headers = scanned_headers(key, data, w.start)
+            check_offsets(key, headers, w.start, copy.base_offset, copy.end_offset, -1)
+            verify_crcs(key, data, headers, w.start)
+        except RemoteDataCorrupt:
+            self.reader.damaged(key)
+            raise
         self.data, self.headers, self.next_batch = data, headers, 0
 
     def _drop_head(self) -> None:
