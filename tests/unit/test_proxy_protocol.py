@@ -12,6 +12,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i16, i32, i64
 
+from reader.cursor import ServedBatches
 from reader.errors import NotInRemote
 from reader.proxy.answers import api_versions, list_offsets
 from reader.proxy.fetch import FetchPlan
@@ -28,7 +29,6 @@ from reader.proxy.protocol import (
     response_type,
     supported_versions,
 )
-from reader.proxy.remote_batches import ServedBatches
 from reader.proxy.routing import Router
 from reader.proxy.tiered import BrokerOffsets, TieredView, TopicKey
 
@@ -363,7 +363,7 @@ def test_list_offsets_asks_nothing_for_untiered_topics_and_once_for_the_tiered_o
 
 
 def test_settled_turns_open_transactions_into_aborted_ones_or_drops_them() -> None:
-    from reader.proxy.remote_batches import settled
+    from reader.cursor import settled
     from reader.txn import TxnView
     from tiering_core.formats import AbortedTxn
 
