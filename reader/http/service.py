@@ -80,7 +80,7 @@ class FetchService:
     the offset each continues at: a client's next request finds its read-ahead ready. They are a cache, not
     client state: any instance serves any request, the first one from a cold cursor."""
 
-    def __init__(self, reader: RemoteReader, cursors: int = 256, memory_wait: float = 5.0,
+    def __init__(self, reader: RemoteReader, cursors: int, memory_wait: float,
                  metrics: FetchMetrics | None = None) -> None:  # fmt: skip
         """``cursors`` and ``memory_wait``: ``http.cursors`` and ``http.memory_wait_seconds``."""
         self.reader = reader

@@ -34,6 +34,7 @@ from reader.proxy.protocol import (
 )
 from reader.proxy.routing import DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE
 from reader.proxy.slots import Answer, Exchange, Finish, Request, Slot
+from reader.proxy.wire import string_length
 
 LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, API_VERSIONS = 2, 23, 18
 Handler = Callable[[Exchange, Request], Awaitable[Slot | None]]
@@ -128,23 +129,9 @@ def _answered(frame: memoryview) -> Finish:
 
 
 def _acks(frame: bytes, version: int) -> int:
-    """A Produce request's acks (after the header and the transactional id)."""
-    head = read_request_head(frame)
-    pos = head.body
-    if version >= 9:  # compact nullable string: length + 1 as an unsigned varint
-        length, shift = 0, 0
-        while True:
-            b = frame[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        pos += max(length - 1, 0)
-    else:
-        (length,) = struct.unpack_from(">h", frame, pos)
-        pos += 2 + max(length, 0)
-    (acks,) = struct.unpack_from(">h", frame, pos)
+    """A Produce request's acks (after the header and the nullable transactional id)."""
+    length, pos = string_length(frame, read_request_head(frame).body, version >= 9)
+    (acks,) = struct.unpack_from(">h", frame, pos + length)
     return acks
 
 

@@ -99,7 +99,7 @@ def test_a_deleted_and_created_again_topic_is_read_as_the_new_topic(stack: Endpo
     with tiered_topic(stack, tmp_path, records=6_000, local_retention=64 * 1024) as t:
         topic, old_produced = t.topic, expected(t.produced, read_committed=False)
         old_id = topic_uuid(stack.bootstrap, topic)
-        service = FetchService(RemoteReader.open(t.reader_settings()))
+        service = FetchService(RemoteReader.open(t.reader_settings()), cursors=16, memory_wait=5.0)
         with (
             contextlib.closing(service),
             proxy_for(t.config, stack.bootstrap) as proxy,

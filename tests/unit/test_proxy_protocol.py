@@ -16,6 +16,7 @@ from reader.cursor import ServedBatches
 from reader.errors import NotInRemote
 from reader.proxy.answers import api_versions, list_offsets
 from reader.proxy.fetch import FetchPlan
+from reader.proxy.handlers import _acks
 from reader.proxy.protocol import (
     ProtocolError,
     build,
@@ -479,3 +480,14 @@ def test_an_answer_names_every_partition_asked_and_a_throttled_one_stays_empty()
     throttled = broker_answer(12, "t", {}, throttled=500)
     plan = FetchPlan.make(12, fetch_request(12, {0: 50}), FakeView())  # type: ignore[arg-type]
     assert plan.merge(throttled, FakeView())[0] is throttled  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
+@pytest.mark.parametrize("transactional_id", [None, "", "a-transactional-id"])
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_a_produce_requests_acks_are_read_at_every_version(version: int, transactional_id: str | None,
+                                                           acks: int) -> None:  # fmt: skip
+    """acks=0 gets no answer from the broker, so the proxy must not wait for one (handlers.py ``_acks``)."""
+    body = build(request_type(0, version), transactional_id=transactional_id, acks=i16(acks),
+                 timeout=datetime.timedelta(seconds=30), topic_data=())  # fmt: skip
+    assert _acks(new_request(0, version, 5, "producer", body), version) == acks

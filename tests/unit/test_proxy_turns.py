@@ -7,7 +7,7 @@ import asyncio
 from reader.proxy.turns import FetchTurns
 
 
-async def _ticking(ticks: list[int], stop: asyncio.Event) -> None:
+def _ticking(ticks: list[int], stop: asyncio.Event) -> None:
     """Count loop iterations: a callback that schedules itself again runs once per iteration."""
     loop = asyncio.get_running_loop()
 
@@ -22,7 +22,7 @@ async def _ticking(ticks: list[int], stop: asyncio.Event) -> None:
 def test_requests_arriving_together_get_one_turn_per_iteration_in_order() -> None:
     async def main() -> list[tuple[int, int]]:
         turns, ticks, stop, entered = FetchTurns(), [0], asyncio.Event(), []
-        await _ticking(ticks, stop)
+        _ticking(ticks, stop)
 
         async def fetch(n: int) -> None:
             async with turns:
