@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -34,27 +34,39 @@ def bench_stack(stack_dir: Path | None, brokers: int = 1) -> Iterator[Endpoints]
             stack.stop(Path(tmp))
 
 
-def exit_on_signals() -> Callable[[], None]:
+@contextmanager
+def exit_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGINT (Ctrl-C) into ``SystemExit(128 + signal number)``, the 143 or 130 a shell
-    reports for a command killed so, and return the function that puts the previous handlers back.
+    reports for a command killed so, while the block runs; the previous handlers are back after it.
 
     The default SIGTERM ends the process at once and Click turns Ctrl-C into exit code 1; raised as an
     exception instead, every ``finally`` on the way out runs: ``bench_stack`` stops the temporary stack
     it started (Kafka, MinIO and etcd run in sessions of their own, so a Ctrl-C at the terminal does
     not reach them) and each benchmark stops the servers it started. A second signal while stopping is
     ignored: the stop ends on its own (it SIGKILLs what did not exit in time).
+
+    A signal that arrives inside a C extension's call runs the handler there, and the extension may put
+    its own exception in place of the ``SystemExit`` (confluent-kafka's ``produce`` reported one as
+    "TypeError: expected header key to be unicode string"): any exception leaving the block after a
+    signal is turned back into the signal's exit code, chained to what the extension raised.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    received: list[int] = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
+        received.append(signum)
         raise SystemExit(128 + signum)
-
-    def restore() -> None:
-        for sig, action in previous.items():
-            signal.signal(sig, action)
 
     for sig in previous:
         signal.signal(sig, handler)
-    return restore
+    try:
+        yield
+    except Exception as exc:
+        if received:
+            raise SystemExit(128 + received[0]) from exc
+        raise
+    finally:
+        for sig, action in previous.items():
+            signal.signal(sig, action)

@@ -198,9 +198,17 @@ def test_the_lease_follows_leadership_to_the_new_leaders_sidecar(stack3: Endpoin
                 lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > 22_000,
                 180, "the new leader's sidecar to take the lease and upload what only it has",
             )  # fmt: skip
-            key = sidecars[new_leader].ctx.leases.key(topic_id, 0)  # type: ignore[union-attr]
-            found = sidecars[new_leader].ctx.leases.client.get(key, metadata=True)  # type: ignore[union-attr]
-            assert found and found[0][0].decode() == f"broker-{new_leader}"
+            # A tick that fails (the stopped broker makes some request time out) releases every lease until the
+            # next tick confirms leadership again, so the key is looked for until then, not read once.
+            leases = sidecars[new_leader].ctx.leases
+            assert leases is not None
+            key = leases.key(topic_id, 0)
+
+            def holder() -> str | None:
+                found = leases.client.get(key, metadata=True)
+                return found[0][0].decode() if found else None
+
+            wait_for(lambda: holder() == f"broker-{new_leader}", 60, f"broker {new_leader}'s sidecar to hold {key}")
             assert (topic_id, 0) not in sidecars[old_leader].tasks
             finished = observer.manager.segments(topic_id, 0, FINISHED)
             assert max(s.leader_epoch for s in finished) > min(s.leader_epoch for s in finished)

@@ -16,16 +16,23 @@ from tiering.bench.scale import scale
 from tiering.bench.upload import upload
 
 
-@click.group()
-@click.pass_context
-def bench(ctx: click.Context) -> None:
+class _ExitOnSignals(click.Group):
+    """Runs the chosen benchmark inside ``exit_on_signals`` (a group callback's resources close without
+    seeing the command's exception, and that exception decides the exit code)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        with exit_on_signals():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_ExitOnSignals)
+def bench() -> None:
     """Benchmarks that print JSON: ours beside a reference in the same run, with their ratio.
 
     Each prints one JSON object per measurement and, last, one summary object. They start the local
     stack (Kafka, MinIO, etcd) in a temporary directory unless --stack-dir names a running one, and
     stop it when they end, killed by SIGTERM or Ctrl-C included (exit code 143 or 130).
     """
-    ctx.call_on_close(exit_on_signals())
 
 
 bench.add_command(catchup)
