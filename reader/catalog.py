@@ -46,7 +46,6 @@ class MetadataCatalog:
     def __init__(self, settings: ReaderSettings, store: RemoteStore, cluster: KafkaCluster,
                  topics: Iterable[str] | None = None) -> None:  # fmt: skip
         self.settings = settings
-        self.prefix = settings.remote_storage.prefix
         self.cluster = cluster
         self.wal = MetadataWal(settings.bootstrap_servers, settings.metadata_topic,
                                client_config=client_properties(settings.kafka_client))  # fmt: skip
@@ -58,7 +57,7 @@ class MetadataCatalog:
         self._checked = 0.0
         snapshots = settings.state_dir / "snapshots" if settings.state_dir else Path(tempfile.gettempdir()) / "-none-"
         self.manager = MetadataManager(
-            self.wal, snapshots, remote=StoreSnapshots(store, self.prefix),
+            self.wal, snapshots, remote=StoreSnapshots(store),
             remote_prefix=snapshot_prefix(settings.metadata_topic), read_only=True,
         )  # fmt: skip
 

@@ -47,9 +47,9 @@ class RemoteObjectMissing(RemoteReadError):
     Never served; an operator should look at the key (the sidecar's sweeper and retention log deletions).
     """
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, stored_as: str | None = None) -> None:
         self.key = key
-        super().__init__(f"remote object missing: {key}")
+        super().__init__(f"remote object missing: {stored_as or key}")  # the store's whole key, prefix included
 
 
 class RemoteDataCorrupt(RemoteReadError):

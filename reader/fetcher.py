@@ -73,7 +73,7 @@ class RangeFetcher:
                     data = call()
             except ObjectNotFound as exc:
                 self.unavailable = False
-                raise RemoteObjectMissing(key) from exc
+                raise RemoteObjectMissing(key, exc.key) from exc
             except StoreUnavailable as exc:
                 self.unavailable = True
                 if attempt == self.attempts:

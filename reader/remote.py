@@ -42,7 +42,7 @@ class RemoteReader:
         self.settings = settings
         self.catalog = catalog
         self.fetcher = RangeFetcher(store, settings)
-        self.indexes = SegmentIndexCache(self.fetcher, settings.remote_storage.prefix, settings.index_cache_segments)
+        self.indexes = SegmentIndexCache(self.fetcher, settings.index_cache_segments)
         self.pool = MemoryPool(settings.prefetch_pool_bytes)
         self.executor = ThreadPoolExecutor(settings.download_max_concurrency + 1, thread_name_prefix="remote-read")
         self.preloader = None

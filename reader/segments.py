@@ -83,9 +83,8 @@ def _part(manifest: Manifest, data: bytes, name: str) -> bytes:
 class SegmentIndexCache:
     """Loads and caches ``SegmentCopy`` values (least recently used dropped first)."""
 
-    def __init__(self, fetcher: RangeFetcher, prefix: str, capacity: int) -> None:
+    def __init__(self, fetcher: RangeFetcher, capacity: int) -> None:
         self.fetcher = fetcher
-        self.prefix = prefix
         self.capacity = capacity
         self.lock = threading.Lock()
         self.entries: OrderedDict[SegmentRef, SegmentCopy] = OrderedDict()
@@ -105,7 +104,7 @@ class SegmentIndexCache:
         return copy
 
     def _load(self, ref: SegmentRef) -> SegmentCopy:
-        manifest_key = ref.key(self.prefix, "manifest")
+        manifest_key = ref.key("manifest")
         try:
             manifest = Manifest.decode(self.fetcher.get_object(manifest_key), manifest_key)
         except ManifestError as exc:
@@ -114,7 +113,7 @@ class SegmentIndexCache:
             ref.topic_id, ref.partition, ref.base_offset, ref.segment_id,
         ):  # fmt: skip
             raise RemoteDataCorrupt(manifest_key, 0, f"the manifest describes another copy: {manifest.ref}")
-        index_key = ref.key(self.prefix, "indexes")
+        index_key = ref.key("indexes")
         data = b""
         if manifest.indexes_size:
             data = self.fetcher.get(index_key, 0, manifest.indexes_size)  # one byte more: a longer object shows
@@ -144,7 +143,7 @@ class SegmentIndexCache:
         return SegmentCopy(
             ref=ref,
             manifest=manifest,
-            log_key=ref.key(self.prefix, "log"),
+            log_key=ref.key("log"),
             index_offsets=array("q", (e.offset for e in entries)),
             index_positions=array("q", (e.position for e in entries)),
             aborted=aborted,

@@ -60,10 +60,8 @@ class LocalSegment:
 
 
 class SegmentCopier:
-    def __init__(self, store: RemoteStore, prefix: str, *, limiter: RateLimiter | None = None,
-                 max_concurrent: int = 2) -> None:  # fmt: skip
+    def __init__(self, store: RemoteStore, *, limiter: RateLimiter | None = None, max_concurrent: int = 2) -> None:
         self.store = store
-        self.prefix = prefix
         self.limiter = limiter
         self.slots = threading.BoundedSemaphore(max_concurrent)
 
@@ -93,7 +91,7 @@ class SegmentCopier:
                 parts[name] = (position, len(extras[name]))
                 position += len(extras[name])
             indexes = b"".join(extras[name] for name in INDEX_PARTS)
-            log_key, index_key, manifest_key = ref.keys(self.prefix)
+            log_key, index_key, manifest_key = ref.object_keys()
             with self.slots:
                 try:
                     self.store.put_parts(log_key, log_fd, length, self._validated_parts(validator, log_fd, segment))
@@ -166,17 +164,17 @@ class SegmentCopier:
     def delete(self, ref: SegmentRef) -> None:
         """Delete every object of the copy, manifest first, also under the legacy layout (idempotent)."""
         kinds = ("manifest", "indexes", "log")
-        legacy = [key for kind in kinds if (key := ref.legacy_key(self.prefix, kind)) is not None]
-        self.store.delete([ref.key(self.prefix, kind) for kind in kinds] + legacy)
+        legacy = [key for kind in kinds if (key := ref.legacy_key(kind)) is not None]
+        self.store.delete([ref.key(kind) for kind in kinds] + legacy)
 
     def manifest(self, ref: SegmentRef) -> Manifest:
         """The copy's manifest (under the legacy layout for copies written before it changed);
         ObjectNotFound if the copy is not (or no longer) complete."""
-        key = ref.key(self.prefix, "manifest")
+        key = ref.key("manifest")
         try:
             return Manifest.decode(self.store.get_bytes(key), key)
         except ObjectNotFound:
-            legacy = ref.legacy_key(self.prefix, "manifest")
+            legacy = ref.legacy_key("manifest")
             if legacy is None:
                 raise
             return Manifest.decode(self.store.get_bytes(legacy), legacy)

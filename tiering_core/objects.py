@@ -2,8 +2,10 @@
 
 Keys (one factory, here)::
 
-    <prefix>/<topic>-<topicId>/<partition>/<20-digit base offset>-<segmentId>.<log|indexes|manifest>
-    e.g. kafka-tiering/orders-mXjDWYvGQ3SdP7gQi3DrqA/3/00000000000000001234-5f0c...e1.log
+    <topic>-<topicId>/<partition>/<20-digit base offset>-<segmentId>.<log|indexes|manifest>
+    e.g. orders-mXjDWYvGQ3SdP7gQi3DrqA/3/00000000000000001234-5f0c...e1.log
+
+under the cluster's prefix (``remote_storage.prefix``), which the store applies (``PrefixedStore``).
 
 The topic id keeps a deleted-and-recreated topic apart; the segment id (new for every copy attempt)
 means a retried or fenced upload never overwrites a committed copy.
@@ -44,21 +46,21 @@ class SegmentRef:
     base_offset: int
     segment_id: uuid.UUID
 
-    def partition_prefix(self, prefix: str) -> str:
-        return partition_prefix(prefix, self.topic, self.topic_id, self.partition)
+    def partition_prefix(self) -> str:
+        return partition_prefix(self.topic, self.topic_id, self.partition)
 
-    def key(self, prefix: str, kind: str) -> str:
-        return f"{self.partition_prefix(prefix)}/{self._name(kind)}"
+    def key(self, kind: str) -> str:
+        return f"{self.partition_prefix()}/{self._name(kind)}"
 
-    def keys(self, prefix: str) -> list[str]:
+    def object_keys(self) -> list[str]:
         """All keys of the copy, manifest last (the order to write; delete in reverse)."""
-        return [self.key(prefix, k) for k in ("log", "indexes", "manifest")]
+        return [self.key(k) for k in ("log", "indexes", "manifest")]
 
-    def legacy_key(self, prefix: str, kind: str) -> str | None:
+    def legacy_key(self, kind: str) -> str | None:
         """Where a copy written before topic names were cut keeps this object; None if it is ``key``."""
         if _fits(self.topic, self.topic_id):
             return None
-        return f"{prefix}/{self.topic}-{self.topic_id}/{self.partition}/{self._name(kind)}"
+        return f"{self.topic}-{self.topic_id}/{self.partition}/{self._name(kind)}"
 
     def _name(self, kind: str) -> str:
         return f"{self.base_offset:020d}-{self.segment_id.hex}.{kind}"
@@ -74,16 +76,16 @@ def _fits(topic: str, topic_id: str) -> bool:
     return len(topic) + 1 + len(topic_id) <= TOPIC_DIR_MAX_BYTES
 
 
-def partition_prefix(prefix: str, topic: str, topic_id: str, partition: int) -> str:
-    return f"{prefix}/{topic_dir(topic, topic_id)}/{partition}"
+def partition_prefix(topic: str, topic_id: str, partition: int) -> str:
+    return f"{topic_dir(topic, topic_id)}/{partition}"
 
 
-def partition_prefixes(prefix: str, topic: str, topic_id: str, partition: int) -> list[str]:
+def partition_prefixes(topic: str, topic_id: str, partition: int) -> list[str]:
     """Every prefix that may hold the partition's objects: the current one, then the legacy one if it differs."""
-    current = partition_prefix(prefix, topic, topic_id, partition)
+    current = partition_prefix(topic, topic_id, partition)
     if _fits(topic, topic_id):
         return [current]
-    return [current, f"{prefix}/{topic}-{topic_id}/{partition}"]
+    return [current, f"{topic}-{topic_id}/{partition}"]
 
 
 def parse_key(key: str) -> tuple[int, uuid.UUID, str] | None:

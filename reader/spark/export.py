@@ -73,7 +73,7 @@ def planned_ranges(request: ExportRequest, previous: dict[int, int]) -> list[Par
     store = shared_store(parse_options({"subscribe": request.topic, **store_options(request.store)}))
     starting, ending = dict(request.starting), dict(request.ending)
     if EVERY_PARTITION in starting or EVERY_PARTITION in ending:
-        numbers = [rp.partition for rp in list_remote_partitions(store, request.store.prefix, [request.topic])]
+        numbers = [rp.partition for rp in list_remote_partitions(store, [request.topic])]
         starting, ending = _expand(starting, numbers), _expand(ending, numbers)
     for partition, last in previous.items():
         starting[partition] = max(starting.get(partition, -2), last + 1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tiering_core.errors import TieringError
 from tiering_core.objects import Manifest, parse_key
-from tiering_core.stores.base import RemoteStore
+from tiering_core.stores.prefixed import PrefixedStore
 
 _TOPIC_ID_LEN = 22  # Kafka's Uuid in URL-safe base64, no padding
 _MANIFEST_THREADS = 16
@@ -69,7 +69,7 @@ def split_topic_dir(name: str) -> tuple[str, str] | None:
 
 
 def list_remote_partitions(
-    store: RemoteStore, prefix: str, topics: list[str] | None = None, pattern: str | None = None,
+    store: PrefixedStore, topics: list[str] | None = None, pattern: str | None = None,
     topic_ids: dict[str, str] | None = None, *, require: bool = True,
 ) -> list[RemotePartition]:  # fmt: skip
     """The remote partitions of ``topics`` (or of every topic matching ``pattern``), sorted.
@@ -81,13 +81,13 @@ def list_remote_partitions(
     keys: list[str] = []
     if topics is not None:
         for topic in topics:
-            keys.extend(store.list_keys(f"{prefix}/{topic}-"))
+            keys.extend(store.list_keys(f"{topic}-"))
     else:
-        keys = store.list_keys(f"{prefix}/")
+        keys = store.list_keys("")
     regex = re.compile(pattern) if pattern is not None else None
     manifests: dict[tuple[str, str, int], list[str]] = defaultdict(list)
     for key in keys:
-        parts = key[len(prefix) + 1 :].split("/")
+        parts = key.split("/")
         parsed = parse_key(key)
         named = split_topic_dir(parts[0]) if len(parts) == 3 else None
         if named is None or parsed is None or parsed[2] != "manifest" or not parts[1].isdigit():
@@ -111,17 +111,17 @@ def list_remote_partitions(
             newest[topic] = (created, topic_id)
     for topic in topics if require and topics else []:
         if topic not in newest:
-            raise UnknownTopic(f"topic {topic!r} has no remote copy under {store.endpoint}/{prefix}")
+            raise UnknownTopic(f"topic {topic!r} has no remote copy under {store.location}")
     out = []
     for (topic, topic_id, partition), ks in sorted(manifests.items()):
         if newest[topic][1] != topic_id:
             continue
-        copies = choose_copies([loaded[k] for k in ks], prefix)
+        copies = choose_copies([loaded[k] for k in ks])
         out.append(RemotePartition(topic, topic_id, partition, tuple(copies)))
     return out
 
 
-def choose_copies(manifests: list[Manifest], prefix: str) -> list[Copy]:
+def choose_copies(manifests: list[Manifest]) -> list[Copy]:
     """Copies covering every offset that any manifest covers, once, in order (holes stay holes)."""
     ordered = sorted(manifests, key=lambda m: m.base_offset)
     chosen: list[Copy] = []
@@ -136,6 +136,6 @@ def choose_copies(manifests: list[Manifest], prefix: str) -> list[Copy]:
             continue
         best = max(candidates, key=Manifest.preference)
         ref = best.ref
-        chosen.append(Copy(best, ref.key(prefix, "log"), ref.key(prefix, "indexes"), next_offset, best.end_offset))
+        chosen.append(Copy(best, ref.key("log"), ref.key("indexes"), next_offset, best.end_offset))
         next_offset = best.end_offset + 1
     return chosen

@@ -25,15 +25,15 @@ from reader.spark.options import ReadOptions, parse_options
 from reader.spark.planning import PartitionRange, plan_slices, resolve_range
 from reader.spark.slices import SlicePack, pack_slices, read_slice
 from tiering_core.kafka_cluster import KafkaCluster
-from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
+from tiering_core.stores.prefixed import PrefixedStore
 
 NAME = "kafka_tiered"
-_stores: dict[str, RemoteStore] = {}
+_stores: dict[str, PrefixedStore] = {}
 _stores_lock = threading.Lock()
 
 
-def shared_store(opts: ReadOptions) -> RemoteStore:
+def shared_store(opts: ReadOptions) -> PrefixedStore:
     """One store client per configuration and process (Python workers are reused across tasks)."""
     key = opts.store.model_dump_json()
     with _stores_lock:
@@ -42,7 +42,7 @@ def shared_store(opts: ReadOptions) -> RemoteStore:
         return _stores[key]
 
 
-def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], list[PartitionRange]]:
+def plan(opts: ReadOptions, store: PrefixedStore) -> tuple[list[RemotePartition], list[PartitionRange]]:
     """The remote partitions the options select and the offset range read from each (with
     ``includeLocalTail``, ranges go on to the broker's last stable offset; a partition with no remote
     copy yet has no copies and its whole range is the broker's).
@@ -50,7 +50,7 @@ def plan(opts: ReadOptions, store: RemoteStore) -> tuple[list[RemotePartition], 
     Raises UnknownTopic, OffsetOutOfRange, BrokerTailError or KafkaClusterError, all before any Spark
     work starts.
     """
-    found = list_remote_partitions(store, opts.store.prefix, opts.topics, opts.pattern, opts.topic_ids,
+    found = list_remote_partitions(store, opts.topics, opts.pattern, opts.topic_ids,
                                    require=not opts.include_local_tail)  # fmt: skip
     # a partition whose every remote record a user deleted has nothing remote to read
     kept = (_above_log_start(rp, opts.log_starts.get(rp.topic_id, {}).get(rp.partition, -1)) for rp in found)

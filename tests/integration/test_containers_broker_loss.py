@@ -231,8 +231,8 @@ def test_leader_pod_lost_during_uploads_and_catch_up_reads_loses_nothing(
         assert seg.base_offset <= previous_end + 1, f"hole before remote segment {seg.base_offset}"
         previous_end = max(previous_end, seg.end_offset)
         ref = SegmentRef(topic, topic_id, 0, seg.base_offset, uuid.UUID(bytes=seg.segment_id))
-        body = observer.store.get_bytes(ref.key(observer.prefix, "log"))
-        for offset, (_, value, _, _) in decoded_offsets(body, ref.key(observer.prefix, "log")).items():
+        body = observer.store.get_bytes(ref.key("log"))
+        for offset, (_, value, _, _) in decoded_offsets(body, ref.key("log")).items():
             assert remote.setdefault(offset, value) == value, f"overlapping copies disagree at {offset}"
     ry = previous_end
     assert set(range(ry + 1)) <= set(remote), "an offset below Ry is in no remote copy"

@@ -363,7 +363,8 @@ def test_store_down_gives_bounded_retries_then_503_and_reads_resume(
         assert failed.status_code == 503, failed.text
         body = failed.json()
         assert body["error"] == "REMOTE_STORAGE_UNAVAILABLE" and "after 3 attempts" in body["message"]
-        assert body["key"].startswith(f"{tiered.topic.reader_settings().remote_storage.prefix}/")
+        assert body["key"].startswith(f"{tiered.name}-")  # the copy's key under the cluster's prefix
+        assert f"/{tiered.topic.reader_settings().remote_storage.prefix}/{body['key']}" in body["message"]
         assert failed.headers["retry-after"]
         metrics = httpx.get(f"{service.url}/metrics", timeout=30).text
         assert f'tiering_remote_fetch_errors_total{{partition="0",topic="{tiered.name}"}} 1.0' in metrics

@@ -109,7 +109,7 @@ def test_window_edge_inside_a_zero_prefixed_batch_header_loses_nothing(stack: En
     ref = SegmentRef(topic, topic_id, 0, 0, uuid.UUID(bytes=copies[0].segment_id))
     manifest = ctx.copier.manifest(ref)
     assert (manifest.base_offset, manifest.end_offset, manifest.log_size) == (0, last_offset, len(original))
-    body = ctx.store.get_bytes(ref.key(ctx.prefix, "log"))
+    body = ctx.store.get_bytes(ref.key("log"))
     assert body == original, f"the remote copy holds {len(body)} of the segment's {len(original)} bytes"
     combined = {o: v[1] for o, v in decoded_offsets(body, "remote").items()}
     combined.update({o: v[1] for o, v in local_offsets(partition_dir, last_offset + 1).items()})
@@ -174,7 +174,7 @@ def test_segment_without_time_index_entries_is_judged_by_its_file_time(stack: En
             manifest = ctx.copier.manifest(ref)
             assert manifest.max_timestamp == record_max[p]
             assert manifest.leader_epoch == copy.leader_epoch >= 0  # the copying leader's, as the WAL's record
-            assert ctx.store.get_bytes(ref.key(ctx.prefix, "log")) == originals[p]
+            assert ctx.store.get_bytes(ref.key("log")) == originals[p]
 
 
 def kafka_delete_records(bootstrap: str, topic: str, partition: int, offset: int, tmp_path: Path) -> str:
@@ -245,7 +245,7 @@ def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_d
 
         wait_for(applied, 60, "copies below the user's log start offset to be deleted", step=sidecar.tick)
         kept = ctx.manager.segments(topic_id, 0, FINISHED)
-        keys = set(ctx.store.list_keys(f"{ctx.prefix}/{topic}-{topic_id}/"))
+        keys = set(ctx.store.list_keys(f"{topic}-{topic_id}/"))
     row = json.loads(cli("topic", "status", topic, "--json", "--config", str(config)))["partitions"][0]
     assert (row["log_start_offset"], row["Lx"]) == (user_start, user_start)
     gone = [c for c in copies if c.end_offset < user_start]
@@ -277,4 +277,4 @@ def test_user_delete_records_deletes_copies_below_it_and_local_retention_never_d
     assert {r["offset"]: r["value"] for r in rows} == {o: v for o, v in produced.items() if first <= o <= last}
     for c in copies:
         ref = SegmentRef(topic, topic_id, 0, c.base_offset, uuid.UUID(bytes=c.segment_id))
-        assert (ref.key(ctx.prefix, "log") in keys) == (c.end_offset >= user_start)
+        assert (ref.key("log") in keys) == (c.end_offset >= user_start)

@@ -88,9 +88,9 @@ def test_kill_9_during_uploads_loses_nothing_and_leaves_no_orphans(stack: Endpoi
     expected_keys = set()
     for seg in finished:
         ref = SegmentRef(topic, topic_id, 0, seg.base_offset, uuid.UUID(bytes=seg.segment_id))
-        expected_keys.update(ref.keys(observer.prefix))
-        assert observer.store.get_bytes(ref.key(observer.prefix, "log")) == originals[seg.base_offset]
-    prefix = f"{observer.prefix}/{topic}-{topic_id}/"
+        expected_keys.update(ref.object_keys())
+        assert observer.store.get_bytes(ref.key("log")) == originals[seg.base_offset]
+    prefix = f"{topic}-{topic_id}/"
     assert set(observer.store.list_keys(prefix)) == expected_keys, "orphan objects remain"
     assert observer.store.incomplete_uploads(prefix) == []
 
@@ -101,9 +101,9 @@ def test_the_sweeper_aborts_stale_incomplete_uploads_under_its_prefix_only(stack
         stack, tmp_path, copy_started_timeout_seconds=1, remote_log_manager_incomplete_upload_abort_ms=1000
     )
     with running(config) as (ctx, sidecar):
-        store = ctx.store.inner
+        store = ctx.store.inner.inner  # the S3 store itself (the bucket's keys), behind the cluster's prefix
         assert isinstance(store, S3Store)
-        prefix = ctx.prefix
+        prefix = ctx.settings.remote_storage.prefix
 
         def begin(key: str) -> str:
             upload = store.client.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"]

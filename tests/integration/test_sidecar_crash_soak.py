@@ -179,14 +179,13 @@ def test_sigkill_at_every_crash_point_loses_nothing_and_leaves_nothing(stack: En
     observer = SidecarContext.build(settings(config), writes_snapshots=False)
     observer.manager.start()
     topic_id = observer.cluster.topics([topic])[topic].topic_id
-    prefix = observer.prefix
 
     def remote_end() -> int | None:
         state = observer.manager.partition_state(topic_id, 0)
         return None if state is None else state.remote_end_offset
 
     partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
-    orphan = f"{partition_prefix(prefix, topic, topic_id, 0)}/{0:020d}-{uuid.uuid4().hex}.log"
+    orphan = f"{partition_prefix(topic, topic_id, 0)}/{0:020d}-{uuid.uuid4().hex}.log"
     observer.store.put_bytes(orphan, b"a copy no metadata knows")
     workload = Workload(stack.bootstrap, topic, partition_dir, remote_end)
     workload.thread.start()
@@ -230,25 +229,25 @@ def test_sigkill_at_every_crash_point_loses_nothing_and_leaves_nothing(stack: En
         def settled() -> bool:
             state = observer.manager.partition_state(topic_id, 0)
             counts = state.segment_counts
-            keys = observer.store.list_keys(f"{prefix}/")
+            keys = observer.store.list_keys("")
             return (
                 state is not None and state.remote_end_offset == last_rolled
                 and counts["COPY_SEGMENT_STARTED"] == 0 and counts["DELETE_SEGMENT_STARTED"] == 0
-                and orphan not in keys and observer.store.incomplete_uploads(f"{prefix}/") == []
+                and orphan not in keys and observer.store.incomplete_uploads("") == []
                 and observer.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx == last_rolled + 1
             )  # fmt: skip
 
         wait_for(settled, 300, "the last life to copy, release, sweep and abort everything")
         finished = observer.manager.segments(topic_id, 0, [SegmentState.COPY_SEGMENT_FINISHED])
-        stored = sum(observer.store.head(ref(topic, topic_id, s).key(prefix, "log")) or 0 for s in finished)
+        stored = sum(observer.store.head(ref(topic, topic_id, s).key("log")) or 0 for s in finished)
         assert stored == sum(s.size for s in finished)
         for name in ("tiering_remote_log_size_bytes", "tiering_remote_stored_bytes"):
             wait_for(lambda name=name: metric(port, name, topic) == stored, 30, f"{name} to equal the bytes stored")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-3000:]
         state = observer.manager.partition_state(topic_id, 0)
-        keys = set(observer.store.list_keys(f"{prefix}/"))
-        uploads = observer.store.incomplete_uploads(f"{prefix}/")
+        keys = set(observer.store.list_keys(""))
+        uploads = observer.store.incomplete_uploads("")
     finally:
         workload.stopped.set()
         if proc is not None and proc.poll() is None:
@@ -262,8 +261,8 @@ def test_sigkill_at_every_crash_point_loses_nothing_and_leaves_nothing(stack: En
     assert state.segment_counts["DELETE_SEGMENT_FINISHED"] >= 1
     assert state.segment_counts["COPY_SEGMENT_STARTED"] == state.segment_counts["DELETE_SEGMENT_STARTED"] == 0
     assert uploads == [], "incomplete multipart uploads remain"
-    copies = {k for s in finished for k in ref(topic, topic_id, s).keys(prefix)}
-    snapshots = {k for k in keys if k.startswith(f"{prefix}/metadata-snapshots/") and k.endswith(SUFFIX)}
+    copies = {k for s in finished for k in ref(topic, topic_id, s).object_keys()}
+    snapshots = {k for k in keys if k.startswith("metadata-snapshots/") and k.endswith(SUFFIX)}
     assert keys - snapshots == copies, "orphan objects remain (or a finished copy lost an object)"
 
     # every offset produced, read back exactly once: the finished copies, then the broker's disk above them
@@ -271,7 +270,7 @@ def test_sigkill_at_every_crash_point_loses_nothing_and_leaves_nothing(stack: En
     assert all(a.end_offset + 1 == b.base_offset for a, b in itertools.pairwise(finished)), "copies overlap or skip"
     read: dict[int, tuple] = {}
     for seg in finished:
-        key = ref(topic, topic_id, seg).key(prefix, "log")
+        key = ref(topic, topic_id, seg).key("log")
         records = decoded_offsets(observer.store.get_bytes(key), key)
         assert sorted(records) == list(range(seg.base_offset, seg.end_offset + 1)), f"{key} misses offsets"
         read.update(records)

@@ -110,8 +110,8 @@ def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: E
         assert seg.base_offset <= previous_end + 1, f"hole before remote segment {seg.base_offset}"
         previous_end = max(previous_end, seg.end_offset)
         ref = SegmentRef(topic, topic_id, 0, seg.base_offset, uuid.UUID(bytes=seg.segment_id))
-        body = observer.store.get_bytes(ref.key(observer.prefix, "log"))
-        for offset, (_, value, _, _) in decoded_offsets(body, ref.key(observer.prefix, "log")).items():
+        body = observer.store.get_bytes(ref.key("log"))
+        for offset, (_, value, _, _) in decoded_offsets(body, ref.key("log")).items():
             assert remote.setdefault(offset, value) == value, f"overlapping copies disagree at {offset}"
     ry = max(s.end_offset for s in finished)
     assert all(remote[o] == produced[o] for o in range(ry + 1) if o in produced)

@@ -85,9 +85,9 @@ def test_tiering_loop_uploads_deletes_locally_and_loses_nothing(stack: Endpoints
     remote: dict[int, tuple] = {}
     for seg in finished:
         ref = SegmentRef(topic, topic_id, 0, seg.base_offset, __import__("uuid").UUID(bytes=seg.segment_id))
-        body = ctx.store.get_bytes(ref.key(ctx.prefix, "log"))
+        body = ctx.store.get_bytes(ref.key("log"))
         assert body == originals[seg.base_offset], f"remote copy of segment {seg.base_offset} differs from the broker's"
-        decoded = decoded_offsets(body, ref.key(ctx.prefix, "log"))
+        decoded = decoded_offsets(body, ref.key("log"))
         assert not set(decoded) & set(remote), "an offset is in two remote copies"
         remote.update(decoded)
     assert max(remote) == ry

@@ -76,7 +76,7 @@ def refs(ctx: SidecarContext, topic: str, topic_id: str) -> list[SegmentRef]:
 
 
 def topic_objects(ctx: SidecarContext, topic: str, topic_id: str) -> list[str]:
-    return ctx.store.list_keys(f"{ctx.prefix}/{topic}-{topic_id}/")
+    return ctx.store.list_keys(f"{topic}-{topic_id}/")
 
 
 def test_rollback_stops_tiering_keeps_remote_readable_and_delete_remote_removes_it(
@@ -98,7 +98,7 @@ def test_rollback_stops_tiering_keeps_remote_readable_and_delete_remote_removes_
         assert len(refs(ctx, topic, topic_id)) == copies_before, "a segment was uploaded after the rollback"
         assert lx(ctx, topic) == start_before, "the sidecar deleted local data after the rollback"
         first = refs(ctx, topic, topic_id)[0]
-        body = ctx.store.get_bytes(first.key(ctx.prefix, "log"))
+        body = ctx.store.get_bytes(first.key("log"))
         assert min(decoded_offsets(body, "remote")) == 0, "the remote copy is no longer readable"
         assert "already rolled back" in cli(
             "topic", "rollback", topic, "--delete-remote", "--yes", "--config", str(config)
@@ -116,7 +116,7 @@ def test_total_retention_expires_remote_copies_and_a_hole_is_not_fatal(stack: En
     with running(config) as (ctx, sidecar):
         topic_id = ctx.cluster.topics([topic])[topic].topic_id
         wait_for(lambda: lx(ctx, topic) > 0, 120, "uploads and local retention", step=sidecar.tick)
-        expired_keys = [k for r in refs(ctx, topic, topic_id) for k in r.keys(ctx.prefix)]
+        expired_keys = [k for r in refs(ctx, topic, topic_id) for k in r.object_keys()]
         cli("topic", "pause-upload", topic, "--config", str(config))
         wait_for(lambda: ctx.manager.topic_state(topic)[1].upload_paused, 30, "the pause to apply")
         produce(stack.bootstrap, topic, 15_000, timestamp=old)  # never uploaded: Kafka's retention takes it

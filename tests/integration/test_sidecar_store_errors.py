@@ -145,7 +145,9 @@ def test_s3_errors_mid_upload_never_release_local_data_without_a_whole_copy(
                 assert start <= (ry + 1 if ry is not None else 0), f"log start {start} passed remote end {ry} + 1"
                 for ref in refs(ctx, topic, topic_id):
                     if ref.segment_id not in whole:
-                        body = s3.get_object(Bucket=stack.s3.bucket, Key=ref.key(ctx.prefix, "log"))["Body"].read()
+                        body = s3.get_object(Bucket=stack.s3.bucket, Key=ctx.store.inner.full_key(ref.key("log")))[
+                            "Body"
+                        ].read()
                         assert body == originals[ref.base_offset], f"finished copy {ref} differs from the segment"
                         whole.add(ref.segment_id)
 
@@ -163,8 +165,8 @@ def test_s3_errors_mid_upload_never_release_local_data_without_a_whole_copy(
             copies = refs(ctx, topic, topic_id)
             assert sorted(r.base_offset for r in copies) == sorted(originals), "a segment copied twice or never"
             objects = sorted(topic_objects(ctx, topic, topic_id))
-            assert objects == sorted(k for r in copies for k in r.keys(ctx.prefix)), "failed copies left objects"
-            assert incomplete_uploads(s3, stack.s3.bucket, f"{ctx.prefix}/{topic}-{topic_id}/") == []
+            assert objects == sorted(k for r in copies for k in r.object_keys()), "failed copies left objects"
+            assert incomplete_uploads(s3, stack.s3.bucket, ctx.store.inner.full_key(f"{topic}-{topic_id}/")) == []
 
 
 def test_a_topic_with_a_249_character_name_is_tiered_byte_for_byte(stack: Endpoints, tmp_path: Path) -> None:
@@ -182,7 +184,7 @@ def test_a_topic_with_a_249_character_name_is_tiered_byte_for_byte(stack: Endpoi
                  "uploads and local retention", step=sidecar.tick)  # fmt: skip
         copies = refs(ctx, topic, topic_id)
         for ref in copies:
-            key = ref.key(ctx.prefix, "log")
+            key = ref.key("log")
             assert all(len(part.encode()) <= TOPIC_DIR_MAX_BYTES for part in key.split("/")), key
             assert ctx.store.get_bytes(key) == originals[ref.base_offset], f"remote copy of {key} differs"
         assert ctx.copier.manifest(copies[0]).topic == topic

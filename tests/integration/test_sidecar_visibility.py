@@ -225,7 +225,7 @@ def test_secret_keys_never_show_in_errors_repr_or_logs(stack: Endpoints, tmp_pat
     good = settings(config)
     assert secret not in repr(good) and secret not in str(good.model_dump())
     assert good.remote_storage.secret_key() == secret  # still what boto3 gets: the store works
-    assert SidecarContext.build(good).store.head(f"{good.remote_storage.prefix}/nothing") is None
+    assert SidecarContext.build(good).store.head("nothing") is None
     doc = yaml.safe_load(config.read_text())
     doc["remote_storage"] = {"kind": "s3", "secret_access_key": secret}  # no bucket: invalid
     doc["remote_storage_typo"] = {"secret_acess_key": secret}

@@ -308,9 +308,7 @@ def test_local_tail_from_the_broker_makes_the_export_cover_the_whole_topic(
 
 def _first_log_key(tiered: Tiered) -> str:
     store = open_store(tiered.settings.remote_storage)
-    keys = sorted(
-        k for k in store.list_keys(f"{tiered.settings.remote_storage.prefix}/{tiered.topic}-") if k.endswith(".log")
-    )
+    keys = sorted(k for k in store.list_keys(f"{tiered.topic}-") if k.endswith(".log"))
     return keys[len(keys) // 2]
 
 

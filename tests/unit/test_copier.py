@@ -13,6 +13,7 @@ from tiering_core.errors import FormatError
 from tiering_core.formats import SegmentFiles, segment_file_name
 from tiering_core.objects import SegmentRef
 from tiering_core.stores.filesystem import FileSystemStore
+from tiering_core.stores.prefixed import PrefixedStore
 
 
 def write_segment(partition_dir: Path, base: int, batches: int, per_batch: int = 10) -> bytes:
@@ -28,7 +29,7 @@ def copier_and_ref(tmp_path: Path, part_size: int = 1024) -> tuple[SegmentCopier
     """Parts of ``part_size`` bytes: the copy validates (and uploads) the segment in many windows."""
     store = FileSystemStore(tmp_path / "remote", part_size=part_size)
     ref = SegmentRef("orders", "mXjDWYvGQ3SdP7gQi3DrqA", 0, 100, uuid.uuid4())
-    return SegmentCopier(store, "p"), ref, store
+    return SegmentCopier(PrefixedStore(store, "p")), ref, store
 
 
 def test_copy_covers_the_segment_exactly(tmp_path: Path) -> None:
@@ -37,7 +38,7 @@ def test_copy_covers_the_segment_exactly(tmp_path: Path) -> None:
     manifest = copier.copy(ref, LocalSegment(SegmentFiles(tmp_path / "orders-0", 100), 400))
     assert (manifest.base_offset, manifest.end_offset, manifest.log_size) == (100, 399, len(data))
     assert manifest.mismatch(399, len(data)) is None
-    assert store.get_bytes(ref.key("p", "log")) == data
+    assert store.get_bytes("p/" + ref.key("log")) == data
     assert copier.manifest(ref) == manifest
 
 

@@ -52,7 +52,7 @@ def test_metadata_and_manifests_choose_the_same_copy_for_every_offset(copies: li
     order = sorted(range(len(specs)), key=lambda i: specs[i][3])
     manifests = [_manifest(specs[i][0], specs[i][1], specs[i][2], specs[i][3], min(copies[i][3], specs[i][3]), n)
                  for n, i in enumerate(order)]  # fmt: skip
-    chosen = [(c.manifest.segment_id, c.first, c.last) for c in choose_copies(manifests, "p")]
+    chosen = [(c.manifest.segment_id, c.first, c.last) for c in choose_copies(manifests)]
     assert chosen == _metadata_walk(specs)
 
 
@@ -61,5 +61,5 @@ def test_the_copying_leaders_epoch_wins_over_the_records_epochs() -> None:
     (epoch 4) copied with records of epoch 4: the partition's log is the new leader's."""
     old, new = uuid.uuid4(), uuid.uuid4()
     manifests = [_manifest(old, 0, 99, 4, 4, 1), _manifest(new, 0, 99, 5, 2, 2)]
-    assert [c.manifest.segment_id for c in choose_copies(manifests, "p")] == [new]
+    assert [c.manifest.segment_id for c in choose_copies(manifests)] == [new]
     assert _metadata_walk([(old, 0, 99, 4), (new, 0, 99, 5)]) == [(new, 0, 99)]

@@ -33,18 +33,18 @@ def test_every_legal_topic_name_fits_and_short_names_keep_their_keys(length: int
     assert len(component.encode()) <= TOPIC_DIR_MAX_BYTES
     assert component.endswith(f"-{TOPIC_ID}") and topic.startswith(component.removesuffix(f"-{TOPIC_ID}"))
     ref = SegmentRef(topic, TOPIC_ID, 7, 1234, uuid.uuid4())
-    key = ref.key("kafka-tiering", "log")
+    key = ref.key("log")
     assert parse_key(key) == (1234, ref.segment_id, "log")
     assert all(len(part) <= TOPIC_DIR_MAX_BYTES for part in key.split("/"))
-    old_layout = f"kafka-tiering/{topic}-{TOPIC_ID}/7/{1234:020d}-{ref.segment_id.hex}.log"
+    old_layout = f"{topic}-{TOPIC_ID}/7/{1234:020d}-{ref.segment_id.hex}.log"
     if length <= TOPIC_DIR_MAX_BYTES - len(TOPIC_ID) - 1:
-        assert key == old_layout and ref.legacy_key("kafka-tiering", "log") is None
-        assert partition_prefixes("kafka-tiering", topic, TOPIC_ID, 7) == ["kafka-tiering/" + component + "/7"]
+        assert key == old_layout and ref.legacy_key("log") is None
+        assert partition_prefixes(topic, TOPIC_ID, 7) == [component + "/7"]
     else:
-        assert ref.legacy_key("kafka-tiering", "log") == old_layout
-        assert partition_prefixes("kafka-tiering", topic, TOPIC_ID, 7) == [
-            partition_prefix("kafka-tiering", topic, TOPIC_ID, 7),
-            f"kafka-tiering/{topic}-{TOPIC_ID}/7",
+        assert ref.legacy_key("log") == old_layout
+        assert partition_prefixes(topic, TOPIC_ID, 7) == [
+            partition_prefix(topic, TOPIC_ID, 7),
+            f"{topic}-{TOPIC_ID}/7",
         ]
 
 
@@ -95,9 +95,9 @@ def test_a_copy_under_the_old_layout_is_read_and_deleted() -> None:
     )  # fmt: skip
     store = DictStore()
     for kind in ("log", "indexes"):
-        store.put_bytes(str(ref.legacy_key("p", kind)), b"abc")
-    store.put_bytes(str(ref.legacy_key("p", "manifest")), manifest.encode())
-    copier = SegmentCopier(store, "p")
+        store.put_bytes(str(ref.legacy_key(kind)), b"abc")
+    store.put_bytes(str(ref.legacy_key("manifest")), manifest.encode())
+    copier = SegmentCopier(store)
     assert copier.manifest(ref) == manifest
     copier.delete(ref)
     assert store.objects == {}

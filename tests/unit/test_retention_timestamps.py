@@ -56,7 +56,7 @@ def test_local_retention_by_time_uses_the_file_time(tmp_path: Path) -> None:
 
 def test_manifest_of_batches_without_timestamps_carries_the_file_time(tmp_path: Path) -> None:
     files = segment(tmp_path, b"", base_timestamp=-1)  # one record: maxTimestamp -1 (NO_TIMESTAMP)
-    copier = SegmentCopier(FileSystemStore(tmp_path / "remote"), "p")
+    copier = SegmentCopier(FileSystemStore(tmp_path / "remote"))
     ref = SegmentRef("orders", "mXjDWYvGQ3SdP7gQi3DrqA", 0, 0, uuid.uuid4())
     manifest = copier.copy(ref, LocalSegment(files, 1))
     assert manifest.max_timestamp == TWO_HOURS_AGO_NS // 1_000_000

@@ -128,11 +128,11 @@ def _manifest(base: int, end: int, epoch: int, created: int = 0) -> Manifest:
 def test_overlapping_copies_are_chosen_once_preferring_the_higher_epoch() -> None:
     old = [_manifest(0, 99, 1), _manifest(100, 199, 1), _manifest(300, 399, 2)]
     newer = _manifest(150, 249, 2)  # a new leader's copy overlapping the old one
-    copies = choose_copies([*old, newer], "p")
+    copies = choose_copies([*old, newer])
     spans = [(c.first, c.last, c.epoch) for c in copies]
     assert spans == [(0, 99, 1), (100, 199, 1), (200, 249, 2), (300, 399, 2)]  # the hole 250-299 stays a hole
     retried = [_manifest(0, 99, 1, created=1), _manifest(0, 99, 1, created=2)]
-    assert [c.manifest for c in choose_copies(retried, "p")] == [retried[1]]
+    assert [c.manifest for c in choose_copies(retried)] == [retried[1]]
 
 
 def test_topic_directories_split_on_the_topic_id() -> None:

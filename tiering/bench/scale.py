@@ -258,7 +258,7 @@ def _clean_up(config: Path, admin: AdminClient, topics: list[str]) -> None:
     """Delete the run's topics and remote objects: a --stack-dir stack is used again."""
     settings = load_settings(config)
     store = open_store(settings.remote_storage)
-    store.delete(store.list_keys(f"{settings.remote_storage.prefix}/"))
+    store.delete(store.list_keys(""))
     for future in admin.delete_topics(topics).values():
         future.result(120)
 

@@ -36,6 +36,7 @@ def child_main() -> None:
     from tiering.copier import LocalSegment, SegmentCopier
     from tiering_core.objects import SegmentRef
     from tiering_core.stores.config import S3StoreConfig
+    from tiering_core.stores.prefixed import PrefixedStore
     from tiering_core.stores.s3 import S3Store
 
     side, spec = sys.argv[1], json.loads(sys.argv[2])
@@ -52,7 +53,7 @@ def child_main() -> None:
         store = S3Store(config)
         store.client.meta.events.register("before-send.s3.PutObject", count)
         store.client.meta.events.register("before-send.s3.UploadPart", count)
-        copier = SegmentCopier(store, f"{config.prefix}/ours")
+        copier = SegmentCopier(PrefixedStore(store, f"{config.prefix}/ours"))
         segments = list_segments(files[0].parent)
         following = {s.base_offset: n.base_offset for s, n in itertools.pairwise(segments)}
         for f in files:

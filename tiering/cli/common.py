@@ -97,10 +97,10 @@ class Admin:
             raise click.ClickException(self.store_error)
 
 
-def _store_problem(store: RemoteStore, config: StoreConfig) -> str | None:
+def _store_problem(store: RemoteStore) -> str | None:
     """One cheap request (HEAD of a key that need not exist): None when the store answers, else the sentence."""
     try:
-        store.head(f"{config.prefix}/.probe")
+        store.head(".probe")
     except RemoteStoreError as exc:  # StoreUnavailable (unreachable) or refused (credentials, bucket): it says which
         return str(exc)
     return None
@@ -129,7 +129,7 @@ def admin_context(config_file: Path | None, timeout: float, *, read_only: bool =
     settings = settings_from(config_file)
     try:
         store = open_store(admin_store(settings.remote_storage, timeout))
-        store_error = _store_problem(store, settings.remote_storage)
+        store_error = _store_problem(store)
         ctx = SidecarContext.for_admin(settings, store, timeout=timeout, read_only=read_only,
                                        store_reachable=store_error is None)  # fmt: skip
     except TieringError as exc:  # a store that cannot be set up...

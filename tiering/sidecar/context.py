@@ -36,10 +36,6 @@ class SidecarContext:
     leases: EtcdLeases | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
 
-    @property
-    def prefix(self) -> str:
-        return self.settings.remote_storage.prefix
-
     @staticmethod
     def now_ms() -> int:
         return int(time.time() * 1000)
@@ -89,9 +85,8 @@ class SidecarContext:
     ) -> SidecarContext:  # fmt: skip
         kafka_client = client_properties(settings.kafka_client)
         metrics = SidecarMetrics()
-        prefix = settings.remote_storage.prefix
-        store = ObservedStore(inner_store, metrics, probe_key=f"{prefix}/.probe")
-        snapshots: SnapshotStore | None = StoreSnapshots(store, prefix) if remote_snapshots else None
+        store = ObservedStore(inner_store, metrics, probe_key=".probe")
+        snapshots: SnapshotStore | None = StoreSnapshots(store) if remote_snapshots else None
         waits = {} if timeout is None else {"timeout": timeout}
         manager = MetadataManager(
             MetadataWal(
@@ -109,7 +104,7 @@ class SidecarContext:
             read_only=read_only,
         )
         limiter = RateLimiter(settings.upload_bytes_per_second) if settings.upload_bytes_per_second else None
-        copier = SegmentCopier(store, prefix, limiter=limiter, max_concurrent=settings.upload_max_concurrency)
+        copier = SegmentCopier(store, limiter=limiter, max_concurrent=settings.upload_max_concurrency)
         return cls(
             settings=settings,
             broker_id=broker_id,

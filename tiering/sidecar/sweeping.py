@@ -48,7 +48,7 @@ def sweep(writer: PartitionWriter, offsets: PartitionOffsets, *, list_orphans: b
     if offsets.ry is None or not list_orphans:
         return
     orphans = []
-    for prefix in partition_prefixes(ctx.prefix, topic, topic_id, partition):
+    for prefix in partition_prefixes(topic, topic_id, partition):
         for key in ctx.store.list_keys(prefix + "/"):
             parsed = parse_key(key)
             if parsed is not None and parsed[1].bytes not in known and parsed[0] <= offsets.ry:
@@ -84,7 +84,7 @@ def abort_stale_uploads(ctx: SidecarContext) -> None:
     """
     max_age_ms = ctx.settings.remote_log_manager_incomplete_upload_abort_ms
     now = ctx.now_ms()
-    stale = [u for u in ctx.store.incomplete_uploads(f"{ctx.prefix}/") if now - u.initiated_ms > max_age_ms]
+    stale = [u for u in ctx.store.incomplete_uploads("") if now - u.initiated_ms > max_age_ms]
     for upload in stale:
         crash_point("sweep.upload_abort")
         ctx.store.abort_upload(upload)

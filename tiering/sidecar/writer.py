@@ -118,7 +118,7 @@ class PartitionWriter:
         """Delete every object left under the partition's prefixes (after its copies were deleted through the
         FSM: what crashed uploads left); returns how many there were. Idempotent."""
         topic, topic_id, partition = self.scope
-        keys = [k for p in partition_prefixes(self.ctx.prefix, topic, topic_id, partition)
+        keys = [k for p in partition_prefixes(topic, topic_id, partition)
                 for k in self.ctx.store.list_keys(p + "/")]  # fmt: skip
         self.ctx.store.delete(keys)
         return len(keys)

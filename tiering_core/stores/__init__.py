@@ -10,6 +10,7 @@ from tiering_core.stores.base import (
 from tiering_core.stores.config import FileSystemStoreConfig, S3StoreConfig, StoreConfig
 from tiering_core.stores.factory import open_store
 from tiering_core.stores.filesystem import FileSystemStore
+from tiering_core.stores.prefixed import PrefixedStore
 from tiering_core.stores.s3 import S3Store
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "FileSystemStoreConfig",
     "IncompleteUpload",
     "ObjectNotFound",
+    "PrefixedStore",
     "RemoteStore",
     "RemoteStoreError",
     "S3Store",
