@@ -1,0 +1,254 @@
+"""The remote readers held to each other and to Kafka's own consumer on the same copies.
+
+Three read paths serve tiered data: the TieredConsumer's stream (``PartitionStream``, decoded records), the
+cursors the access layer and the HTTP service serve batches from (``CursorCache``, whole batches and their
+aborted transactions, filtered by the client), and the Spark source's slices (``plan_slices`` / ``read_slice``,
+Arrow rows). They share the copy choice and the abort rule; this test reads one topic through all three and
+compares each record, byte for byte, with what librdkafka read from the broker before the segments left its
+disk, read_committed and read_uncommitted. The topic is written to make transactions hard: three
+transactional producers interleave their batches with a plain producer's, transactions commit or abort in a
+seeded order and span several segments, so an aborted transaction's records, its ABORT marker and the
+transaction index entry that names it sit in different copies.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from deploy.stack import Endpoints
+from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_settings
+from reader.cursor import CursorCache
+from reader.spark.listing import list_remote_partitions
+from reader.spark.planning import PartitionRange, plan_slices
+from reader.spark.slices import read_slice
+from tests.conftest import create_topic
+from tests.reader_harness import running_sidecar
+from tests.sidecar_harness import wait_for, write_config
+from tiering.cli.main import main
+from tiering_core.formats import iter_batches, list_segments
+from tiering_core.stores.factory import open_store
+
+pytestmark = pytest.mark.integration
+
+SEGMENT = 64 * 1024
+Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def _interleaved_transactions(bootstrap: str, topic: str, seed: int) -> None:
+    """Batches of three transactional producers and a plain one, interleaved (a flush after each produce puts
+    each in a batch of its own, in this order); each transaction holds 20-120 records of 200-600 bytes (its
+    records span segments of 64 KiB) and commits or aborts by the seed."""
+    rng = random.Random(seed)
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
+    txns = []
+    for p in range(3):
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-{p}", "linger.ms": 0,
+                             "compression.type": ["none", "lz4", "zstd"][p]})  # fmt: skip
+        producer.init_transactions(60)
+        txns.append({"producer": producer, "left": 0})
+    for n in range(1200):
+        who = rng.randrange(4)
+        value = f"{n}|{rng.randbytes(rng.randrange(100, 300)).hex()}".encode()  # random: compression keeps its size
+        headers = [("n", str(n).encode()), ("null", None)] if n % 3 == 0 else None
+        if who == 3:
+            plain.produce(topic, key=f"plain-{n}".encode(), value=value, headers=headers, partition=0)
+            plain.flush(60)
+        else:
+            t = txns[who]
+            if t["left"] == 0:
+                t["producer"].begin_transaction()
+                t["left"] = rng.randrange(20, 120)
+            t["producer"].produce(topic, key=f"txn-{who}-{n}".encode(), value=value, headers=headers, partition=0)
+            t["producer"].flush(60)
+            t["left"] -= 1
+            if t["left"] == 0:
+                _finish(t["producer"], rng.random() < 0.5)
+    for t in txns:
+        if t["left"]:
+            _finish(t["producer"], rng.random() < 0.5)
+
+
+def _finish(producer: Producer, commit: bool) -> None:
+    if commit:
+        producer.commit_transaction(60)
+    else:
+        producer.abort_transaction(60)
+
+
+def _broker_read(bootstrap: str, topic: str, isolation: str, end: int) -> dict[int, Record]:
+    """Every record below ``end`` as librdkafka's consumer delivers it from the broker."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ref-{uuid.uuid4().hex}",
+                         "isolation.level": isolation, "enable.auto.commit": False})  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    out: dict[int, Record] = {}
+    deadline = time.monotonic() + 120
+    try:
+        position = 0
+        while position < end:
+            assert time.monotonic() < deadline, f"the broker's consumer stopped at {position} of {end}"
+            for m in consumer.consume(500, 5.0):
+                assert m.error() is None, m.error()
+                if m.offset() < end:
+                    out[m.offset()] = (m.key(), m.value(), list(m.headers() or []))
+            position = consumer.position([TopicPartition(topic, 0)])[0].offset
+    finally:
+        consumer.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The topic, what the broker's consumer read of it (both isolation levels), tiered until every segment but
+    the active one is remote and the broker's log start is past 0; the sidecar keeps running."""
+    topic = create_topic(stack.bootstrap, 1, internal_segment_bytes=SEGMENT)
+    _interleaved_transactions(stack.bootstrap, topic, seed=27)
+    filler = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5, "batch.size": SEGMENT // 2})
+    failed: list[object] = []
+    for i in range(600):  # rolls past the last marker: every transaction's outcome is in a rolled segment
+        filler.produce(topic, key=b"tail", value=f"tail {i} {'y' * 500}".encode(), partition=0,
+                       on_delivery=lambda err, _: failed.append(err) if err is not None else None)  # fmt: skip
+    assert filler.flush(60) == 0 and not failed, failed[:3]
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "ends"})
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), 30)
+    consumer.close()
+    reference = {iso: _broker_read(stack.bootstrap, topic, iso, end) for iso in ("read_committed", "read_uncommitted")}
+    assert len(reference["read_committed"]) < len(reference["read_uncommitted"]), "no transaction was aborted"
+    config = write_config(stack, tmp_path_factory.mktemp("differential"))
+    result = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(2 * SEGMENT),
+                                       "--config", str(config)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with running_sidecar(config) as (ctx, _):
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+
+        partition_dir = Path(stack.broker(1).log_dir) / f"{topic}-0"
+
+        def tiered() -> bool:
+            state = ctx.manager.partition_state(topic_id, 0)
+            ry = None if state is None else state.remote_end_offset
+            lx = ctx.cluster.local_offsets([(topic, 0)])[(topic, 0)].lx
+            return ry is not None and lx > 0 and ry + 1 == list_segments(partition_dir)[-1].base_offset
+
+        wait_for(tiered, 300, "the sidecar to tier every rolled segment and the broker to delete locally")
+        remote_end = ctx.manager.partition_state(topic_id, 0).remote_end_offset
+        yield {"topic": topic, "topic_id": topic_id, "config": config, "reference": reference, "ry": remote_end}
+
+
+def _remote_part(reference: dict[int, Record], ry: int) -> dict[int, Record]:
+    return {o: r for o, r in reference.items() if o <= ry}
+
+
+def _via_stream(reader: RemoteReader, topic: str, read_committed: bool) -> dict[int, Record]:
+    """The TieredConsumer's path: records decoded by the stream, filtered by it."""
+    stream = PartitionStream(reader, topic, 0, 0, read_committed=read_committed)
+    out: dict[int, Record] = {}
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                copies = [reader.locate(topic, 0, c.base_offset) for c in reader.catalog.copies(topic, 0)]
+                raise AssertionError(
+                    f"the stream stopped at {stream.position} ({stream.blocked_at=}) "
+                    f"{[(c.base_offset, c.end_offset, c.open_txns) for c in copies]} "
+                    f"{stream.filter.unresolved if stream.filter else None}"
+                )
+            for batch in stream.read(10.0):
+                for r in batch.records:
+                    assert r.offset not in out, f"offset {r.offset} delivered twice"
+                    out[r.offset] = (r.key, r.value, list(r.headers))
+    except NotInRemote:
+        return out
+    finally:
+        stream.close()
+
+
+def _consumer_walk(key: str, data: bytes | memoryview, aborted: list, start: int) -> dict[int, Record]:
+    """What a Kafka consumer keeps of one fetched partition: Java's ``CompletedFetch`` walk over the batches (a
+    producer's records are dropped from its aborted transaction's first offset until its ABORT marker)."""
+    pending = sorted(aborted, key=lambda a: a.first_offset)
+    aborting: set[int] = set()
+    out: dict[int, Record] = {}
+    for batch in iter_batches(key, data):
+        h = batch.header
+        while pending and pending[0].first_offset <= h.last_offset:
+            aborting.add(pending.pop(0).producer_id)
+        if h.is_control:
+            if batch.records and batch.records[0].key[2:4] == b"\x00\x00":  # ABORT
+                aborting.discard(h.producer_id)
+            continue
+        if h.is_transactional and h.producer_id in aborting:
+            continue
+        for r in batch.records:
+            if r.offset >= start:
+                out[r.offset] = (r.key, r.value, list(r.headers))
+    return out
+
+
+def _via_cursors(reader: RemoteReader, topic: str, topic_id: str, read_committed: bool) -> dict[int, Record]:
+    """The access layer's and the HTTP service's path: whole batches and their aborted transactions, 256 KiB
+    per fetch, filtered as a Kafka client filters them."""
+    cursors = CursorCache(reader, 4, memory_wait=30.0)
+    out: dict[int, Record] = {}
+    offset = 0
+    try:
+        while True:
+            try:
+                served = cursors.read(topic, topic_id, 0, offset, 256 * 1024, read_committed)
+            except NotInRemote:
+                return out
+            assert not served.undecided, f"a transaction open at {served.undecided} though every marker is remote"
+            got = _consumer_walk(served.key, served.data, served.aborted if read_committed else [], offset)
+            assert not set(got) & set(out), "offsets served twice"
+            out.update(got)
+            assert served.next_offset > offset
+            offset = served.next_offset
+    finally:
+        cursors.close()
+
+
+def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int) -> dict[int, Record]:
+    """The Spark source's path (committed records only): the listing's copies, planned into slices of 96 KiB
+    (copies split inside), each read as an executor reads it."""
+    store = open_store(load_reader_settings(config).remote_storage)
+    [rp] = list_remote_partitions(store, [topic])
+    assert rp.topic_id == topic_id
+    rng = PartitionRange(topic, topic_id, 0, rp.start, ry, rp.start, ry + 1)
+    out: dict[int, Record] = {}
+    for part in plan_slices(store, [rp], [rng], 96 * 1024):
+        for batch in read_slice(store, part, window_bytes=32 * 1024):
+            for row in batch.to_pylist():
+                assert row["offset"] not in out, f"offset {row['offset']} read twice"
+                headers = [(h["key"], h["value"]) for h in row["headers"]]
+                out[row["offset"]] = (row["key"], row["value"], headers)
+    return out
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+def test_every_remote_reader_serves_what_kafkas_consumer_read(written: dict[str, Any], isolation: str) -> None:
+    topic, topic_id, ry = written["topic"], written["topic_id"], written["ry"]
+    want = _remote_part(written["reference"][isolation], ry)
+    committed = isolation == "read_committed"
+    settings = load_reader_settings(written["config"], fetch_window_bytes=64 * 1024, prefetch_windows=2)
+    with RemoteReader.open(settings, [topic]) as reader:
+        rx, _ = reader.catalog.remote_offsets(topic, 0)
+        assert rx == 0 and len(reader.catalog.copies(topic, 0)) >= 8, "too few copies to cross"
+        readers = {
+            "stream (TieredConsumer)": _via_stream(reader, topic, committed),
+            "cursors (access layer, HTTP)": _via_cursors(reader, topic, topic_id, committed),
+        }
+    if committed:
+        readers["slices (Spark source)"] = _via_spark_slices(written["config"], topic, topic_id, ry)
+    for name, got in readers.items():
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        assert not missing and not extra, f"{name}: missing offsets {missing[:10]}, extra offsets {extra[:10]}"
+        wrong = [o for o in want if got[o] != want[o]]
+        assert not wrong, f"{name}: offsets {wrong[:10]} differ from what the broker served"
