@@ -36,7 +36,7 @@ from reader.errors import MemoryBusy, RemoteDataCorrupt
 from reader.remote import RemoteReader, verify_crcs
 from reader.segments import SegmentCopy
 from reader.txn import TxnView
-from reader.windows import windows_from
+from reader.windows import continued_in, windows_from
 from tiering_core.formats import AbortedTxn, BatchHeader
 
 _BEYOND = (1 << 63) - 1  # the last offset of an aborted transaction whose marker only the broker has
@@ -286,8 +286,7 @@ class BatchCursor:
             return
         if following is None:
             return
-        windows = windows_from(following, following.position_for(copy.end_offset + 1),
-                               self.reader.settings.fetch_window_bytes)  # fmt: skip
+        windows = continued_in(following, copy, self.reader.settings.fetch_window_bytes)
         with self.lock:
             if self.windows and self.windows[-1].copy is copy:  # not closed or moved meanwhile
                 self.windows.extend(_Window(following, w.start, w.end) for w in windows)

@@ -43,7 +43,7 @@ from reader.errors import RemoteDataCorrupt
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import AbortFilter
-from reader.windows import windows_from
+from reader.windows import continued_in, windows_from
 from tiering_core.errors import FormatError
 from tiering_core.formats import BatchHeader, Record, RecordBatch, batch_payload, decode_payload_part
 from tiering_core.logs import get_logger
@@ -231,7 +231,8 @@ class PartitionStream:
             following = None
         with self.lock:
             if following is not None and self.windows and self.windows[-1].copy is copy:
-                self.windows.extend(_Window(following, w.start, w.end) for w in windows_from(following, 0, self.width))
+                planned = continued_in(following, copy, self.width)
+                self.windows.extend(_Window(following, w.start, w.end) for w in planned)
             self.next_job = None
         if following is not None:
             self._fill()
@@ -444,7 +445,7 @@ class PartitionStream:
         if head.last:
             self.position = max(self.position, copy.end_offset + 1)
             if following is not None and following.copy is not copy:
-                self._enter(following.copy, 0)
+                self._enter(following.copy, following.start)
             else:
                 self.copy = None
         self._fill()

@@ -45,3 +45,10 @@ def windows_from(copy: SegmentCopy, start: int, width: int, first: int = FIRST_W
         out.append(WindowRange(start, min(end, size)))
         start = min(end, size)
     return out
+
+
+def continued_in(following: SegmentCopy, after: SegmentCopy, width: int) -> list[WindowRange]:
+    """The windows of ``following`` a sequential reader reads once it finished ``after``: from the batch holding
+    the first offset after ``after`` (byte 0 unless the copies overlap, as after an unclean leader election,
+    where the next copy begins below that offset and its first bytes repeat offsets already read)."""
+    return windows_from(following, following.position_for(after.end_offset + 1), width)
