@@ -31,10 +31,11 @@ from reader.spark.listing import list_remote_partitions
 from reader.spark.planning import PartitionRange, plan_slices
 from reader.spark.slices import read_slice
 from tests.conftest import create_topic
+from tests.kafka_consumer_model import consumer_kept
 from tests.reader_harness import running_sidecar
 from tests.sidecar_harness import wait_for, write_config
 from tiering.cli.main import main
-from tiering_core.formats import iter_batches, list_segments
+from tiering_core.formats import list_segments
 from tiering_core.stores.factory import open_store
 
 pytestmark = pytest.mark.integration
@@ -170,28 +171,6 @@ def _via_stream(reader: RemoteReader, topic: str, read_committed: bool) -> dict[
         stream.close()
 
 
-def _consumer_walk(key: str, data: bytes | memoryview, aborted: list, start: int) -> dict[int, Record]:
-    """What a Kafka consumer keeps of one fetched partition: Java's ``CompletedFetch`` walk over the batches (a
-    producer's records are dropped from its aborted transaction's first offset until its ABORT marker)."""
-    pending = sorted(aborted, key=lambda a: a.first_offset)
-    aborting: set[int] = set()
-    out: dict[int, Record] = {}
-    for batch in iter_batches(key, data):
-        h = batch.header
-        while pending and pending[0].first_offset <= h.last_offset:
-            aborting.add(pending.pop(0).producer_id)
-        if h.is_control:
-            if batch.records and batch.records[0].key[2:4] == b"\x00\x00":  # ABORT
-                aborting.discard(h.producer_id)
-            continue
-        if h.is_transactional and h.producer_id in aborting:
-            continue
-        for r in batch.records:
-            if r.offset >= start:
-                out[r.offset] = (r.key, r.value, list(r.headers))
-    return out
-
-
 def _via_cursors(reader: RemoteReader, topic: str, topic_id: str, read_committed: bool) -> dict[int, Record]:
     """The access layer's and the HTTP service's path: whole batches and their aborted transactions, 256 KiB
     per fetch, filtered as a Kafka client filters them."""
@@ -205,7 +184,8 @@ def _via_cursors(reader: RemoteReader, topic: str, topic_id: str, read_committed
             except NotInRemote:
                 return out
             assert not served.undecided, f"a transaction open at {served.undecided} though every marker is remote"
-            got = _consumer_walk(served.key, served.data, served.aborted if read_committed else [], offset)
+            kept = consumer_kept(served.key, served.data, served.aborted if read_committed else [])
+            got = {r.offset: (r.key, r.value, list(r.headers)) for b in kept for r in b.records if r.offset >= offset}
             assert not set(got) & set(out), "offsets served twice"
             out.update(got)
             assert served.next_offset > offset

@@ -153,6 +153,8 @@ def test_corrupted_or_deleted_object_is_an_error_naming_the_key(tiered: TieredTo
         with pytest.raises(RemoteObjectMissing) as missing:
             fetch(cursors, tiered.topic, gone.base_offset, 65536)
         assert missing.value.key == gone.log_key
+        # the message names the store's whole key, the cluster's prefix included (what an operator looks up)
+        assert f"{tiered.reader_settings().remote_storage.prefix}/{gone.log_key}" in str(missing.value)
 
 
 def read_from(cursors: CursorCache, topic: str, offset: int, last: int) -> None:

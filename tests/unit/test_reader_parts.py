@@ -22,6 +22,7 @@ from reader.pool import MemoryPool
 from reader.spark.slices import SegmentSlice, read_slice
 from reader.txn import AbortFilter, TxnView
 from reader.windows import windows_from
+from tests.kafka_consumer_model import consumer_kept
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.formats import AbortedTxn, decode_batch, scan_headers
 from tiering_core.stores.filesystem import FileSystemStore
@@ -53,22 +54,6 @@ def test_aborted_transaction_and_its_marker_are_dropped_like_the_broker_does() -
     assert kept(TxnView([], {}), 0, log) == [0, 10, 13, 16, 20]  # read_uncommitted-like: only markers dropped
 
 
-def _kafka_consumer_walk(log: bytes, aborted: list[AbortedTxn]) -> list[int]:
-    """Kafka's consumer (``CompletedFetch.nextFetchedBatch``): a producer joins the aborted set when a batch
-    reaches its aborted transaction's first offset and leaves it at its ABORT marker; the reference model."""
-    pending, aborting, kept = sorted(aborted, key=lambda a: a.first_offset), set(), []
-    for h in scan_headers("log", log):
-        while pending and pending[0].first_offset <= h.last_offset:
-            aborting.add(pending.pop(0).producer_id)
-        if h.is_control:
-            marker = decode_batch("log", log[h.position : h.position + h.size], h._replace(position=0)).records[0]
-            if marker.key[2:4] == b"\x00\x00":  # ABORT
-                aborting.discard(h.producer_id)
-        elif not (h.is_transactional and h.producer_id in aborting):
-            kept.append(h.base_offset)
-    return kept
-
-
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["data", "data", "commit", "abort"])), max_size=60))
 def test_every_reader_drops_the_batches_kafkas_consumer_drops(ops: list[tuple[int, str]]) -> None:
     """The one abort rule (reader/txn.py ``AbortedRanges``) against Kafka's consumer walk, through the
@@ -87,7 +72,7 @@ def test_every_reader_drops_the_batches_kafkas_consumer_drops(ops: list[tuple[in
                 aborted.append(AbortedTxn(0, pid, first[pid], offset, offset))
             del first[pid]
             offset += 1
-    want = _kafka_consumer_walk(log, aborted)
+    want = [b.header.base_offset for b in consumer_kept("log", log, aborted)]
     assert kept(TxnView(aborted, {}), 0, log) == want
     with tempfile.TemporaryDirectory() as root:
         store = FileSystemStore(Path(root))

@@ -14,7 +14,7 @@ from tiering_core.stores import FileSystemStore, FileSystemStoreConfig, ObjectNo
 def test_keys_are_put_listed_read_and_deleted_under_the_prefix_and_nowhere_else(tmp_path: Path) -> None:
     backend = FileSystemStore(tmp_path)
     backend.put_bytes("cluster-other/t-id/0/x.log", b"another cluster's")  # a neighbour whose prefix starts alike
-    store = PrefixedStore(backend, "cluster/")
+    store = PrefixedStore(backend, "cluster")
     store.put_bytes("t-id/0/a.log", b"abc")
     store.put_file("t-id/0/b.log", io.BytesIO(b"defg"), 4)
     assert backend.get_bytes("cluster/t-id/0/a.log") == b"abc"
@@ -52,3 +52,13 @@ def test_the_configured_store_applies_the_configured_prefix(tmp_path: Path) -> N
     store = open_store(FileSystemStoreConfig(root=tmp_path, prefix="kafka-tiering"))
     store.put_bytes("metadata-snapshots/wal/1.tsnap", b"s")
     assert (tmp_path / "kafka-tiering" / "metadata-snapshots" / "wal" / "1.tsnap").read_bytes() == b"s"
+
+
+def test_an_empty_prefix_keeps_the_keys_it_always_had_and_stays_under_them(tmp_path: Path) -> None:
+    """Callers wrote ``f"{prefix}/{key}"``: with an empty prefix that is ``/key``. The store keeps it so, and a
+    listing or sweep of the cluster's objects never reaches the rest of the bucket."""
+    backend = FileSystemStore(tmp_path)
+    backend.put_bytes("someone-else/data.bin", b"not ours")
+    store = PrefixedStore(backend, "")
+    assert store.full_key("t-id/0/a.log") == "/t-id/0/a.log"
+    assert store.list_keys("") == []

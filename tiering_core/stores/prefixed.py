@@ -5,7 +5,9 @@ Every object of a cluster lives under one prefix (``remote_storage.prefix``, ``k
 under the prefix (``orders-<topicId>/3/<base>-<id>.log``, ``metadata-snapshots/...``) and never adds it:
 one place knows it, and a second backend adds only its own module to ``tiering_core/stores/``. The backend's
 errors name the whole key (``s3://bucket/kafka-tiering/orders-.../3/...log``), which is what an operator
-looks up; listings give keys back under the prefix, as they were put.
+looks up; listings give keys back under the prefix, as they were put. The backend's key is exactly
+``<prefix>/<key>``, what every caller wrote before, for any prefix (an empty one included): the objects of
+a running cluster keep their names, and a sweep or listing never reaches beyond ``<prefix>/``.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ from tiering_core.stores.base import IncompleteUpload, Part, RemoteStore
 class PrefixedStore:
     def __init__(self, inner: RemoteStore, prefix: str) -> None:
         self.inner = inner
-        self.prefix = prefix.strip("/")
-        self._head = f"{self.prefix}/" if self.prefix else ""
+        self.prefix = prefix
+        self._head = f"{prefix}/"
         self.endpoint = inner.endpoint
         self.part_size = inner.part_size
 
     @property
     def location(self) -> str:
         """Where the cluster's objects are, for messages: the store's endpoint and the prefix."""
-        return f"{self.endpoint}/{self.prefix}" if self.prefix else self.endpoint
+        return f"{self.endpoint}/{self.prefix}"
 
     def full_key(self, key: str) -> str:
         """The backend's key of ``key`` (for tools that read the bucket with their own client)."""
