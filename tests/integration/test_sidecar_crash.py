@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.conftest import create_topic
 from tests.integration.test_sidecar_policies import cli, produce, running
 from tests.sidecar_harness import settings, snapshot_segments, wait_for, write_config
 from tiering.sidecar.context import SidecarContext
+from tiering.sidecar.runner import Sidecar
 from tiering_core.objects import SegmentRef
 from tiering_core.stores.s3 import S3Store
 
@@ -93,6 +95,53 @@ def test_kill_9_during_uploads_loses_nothing_and_leaves_no_orphans(stack: Endpoi
     prefix = f"{topic}-{topic_id}/"
     assert set(observer.store.list_keys(prefix)) == expected_keys, "orphan objects remain"
     assert observer.store.incomplete_uploads(prefix) == []
+
+
+def test_a_stop_mid_copy_finishes_that_copy_and_starts_nothing_else(stack: Endpoints, tmp_path: Path) -> None:
+    """A stop (SIGTERM's handler calls ``stop``) while a rate-limited copy is in flight: that copy is finished
+    (COPY_SEGMENT_FINISHED, so its upload is kept), and nothing after it runs: no further copy, no local
+    retention (DeleteRecords), no deleted-topics janitor (DescribeCluster). Each of those can wait a whole
+    request timeout for a broker that is going away with the sidecar, which made a stop outlast a pod's
+    grace period."""
+    topic = create_topic(stack.bootstrap, internal_segment_bytes=256 * 1024)
+    produce(stack.bootstrap, topic, 20_000)
+    config = write_config(stack, tmp_path, upload_bytes_per_second=128_000)  # ~2 s per segment
+    cli("topic", "enable", topic, "--local-retention-bytes", "1", "--config", str(config))
+    ctx = SidecarContext.build(settings(config))
+    sidecar = Sidecar(ctx)
+    counted = ctx.cluster.on_request
+    after_stop: list[str] = []
+
+    def on_request(api: str) -> None:
+        if ctx.stopping.is_set():
+            after_stop.append(api)
+        if counted is not None:
+            counted(api)
+
+    ctx.cluster.on_request = on_request
+    loop = threading.Thread(target=sidecar.run_forever, daemon=True)
+    loop.start()
+    try:
+        topic_id = ctx.cluster.topics([topic])[topic].topic_id
+
+        def copying() -> bool:
+            state = ctx.manager.partition_state(topic_id, 0)
+            return state is not None and state.segment_counts["COPY_SEGMENT_FINISHED"] >= 2 and (
+                state.segment_counts["COPY_SEGMENT_STARTED"] == 1)  # fmt: skip
+
+        wait_for(copying, 120, "a copy in flight after two finished")
+        before = ctx.manager.partition_state(topic_id, 0).segment_counts["COPY_SEGMENT_FINISHED"]
+        sidecar.stop()
+        loop.join(120)
+        assert not loop.is_alive(), "the sidecar did not stop"
+        state = ctx.manager.partition_state(topic_id, 0)
+    finally:
+        if loop.is_alive():
+            sidecar.stop()
+            loop.join(60)
+    assert state.segment_counts["COPY_SEGMENT_STARTED"] == 0, "the copy in flight was left unfinished"
+    assert state.segment_counts["COPY_SEGMENT_FINISHED"] == before + 1, "a copy began after the stop"
+    assert not {"DeleteRecords", "DescribeCluster"} & set(after_stop), f"requests after the stop: {after_stop}"
 
 
 def test_the_sweeper_aborts_stale_incomplete_uploads_under_its_prefix_only(stack: Endpoints, tmp_path: Path) -> None:

@@ -88,7 +88,10 @@ class PartitionTask:
         """Run each operation of the partition that is due. Never raises: a failing operation is recorded
         (log with traceback, metrics, status) and retried after its backoff; the others go on. ``inputs``
         (``step_inputs`` read before the step reads anything, so that a change during it shows next time) are
-        kept when the step leaves nothing to do."""
+        kept when the step leaves nothing to do. A step that had not begun when the sidecar began to stop
+        does nothing (see ``_run``)."""
+        if self.ctx.stopping.is_set():
+            return
         self.ctx.metrics.partition_steps.labels(outcome="run").inc()
         self._settled = None
         done = self._run(facts)
@@ -113,6 +116,11 @@ class PartitionTask:
             offsets = refreshed()
         else:
             retry.clear(scope, "copy")
+        if self.ctx.stopping.is_set():
+            # A stop finishes the copy in flight (its COPY_SEGMENT_FINISHED is what keeps the upload) and
+            # leaves the rest to the next start: retention and the sweep only delete, and each of their
+            # Kafka requests can wait its whole timeout for a broker that is going away with the sidecar.
+            return None
         settings = retry.run(scope, "retention", lambda: retention_settings(facts))
         if settings is not None and facts.tiered:
             retry.run(scope, "local_retention", lambda: apply_local_retention(writer, local, offsets, settings))

@@ -70,7 +70,7 @@ class Sidecar:
         log.info("sidecar started", broker_id=self.ctx.broker_id, log_dirs=[str(d) for d in settings.log_dirs])
 
     def run_forever(self) -> None:
-        """Run until SIGTERM/SIGINT (or ``stop``); then finish in-flight steps and exit cleanly."""
+        """Run until SIGTERM/SIGINT (or ``stop``); then finish the copies in flight and exit cleanly."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -101,7 +101,7 @@ class Sidecar:
         self.stop()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        log.info("stopping: finishing in-flight steps", signal=signal.Signals(signum).name)
+        log.info("stopping: finishing the copies in flight", signal=signal.Signals(signum).name)
         self.stop()
 
     def stop(self) -> None:
@@ -125,7 +125,7 @@ class Sidecar:
         self.ticks += 1
         self.ctx.retry.run(SIDECAR, "wal_lag", self._update_wal_lag)  # unknown while Kafka is down: backs off
         if self.ctx.retry.run(SIDECAR, "tick", partial(self._tick, only)):
-            if only is None:
+            if only is None and not self.ctx.stopping.is_set():
                 self.ctx.retry.run(SIDECAR, "janitor", self._janitor)
         else:  # leadership could not be confirmed: hold no lease another leader may need
             self._release_leases(self.tasks)
