@@ -17,14 +17,19 @@ from types import TracebackType
 
 
 class FetchTurns:
-    """``async with turns:`` waits for a turn of its own (at least until the next loop iteration), then runs
-    its synchronous work; one holder starts per iteration."""
+    """``async with turns:`` waits for a turn of its own, then runs its synchronous work; one holder starts per
+    iteration. With nobody waiting and no turn begun in this iteration it goes at once: a Fetch alone (one
+    consumer reading) pays no loop iteration per turn (two per turn otherwise; four turns per Fetch)."""
 
     def __init__(self) -> None:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._scheduled = False
+        self._holds = 0  # a turn began in this loop iteration (or was handed out to begin in the next)
 
     async def __aenter__(self) -> None:
+        if not self._waiting and not self._holds:  # nobody ahead and no turn begins in this iteration: go
+            self._hold(1)
+            return
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._schedule()
@@ -46,6 +51,20 @@ class FetchTurns:
             waiter = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self._hold(2)  # its task resumes in the next iteration: none other begins there
                 break
         if self._waiting:
             self._schedule()
+
+    def _hold(self, iterations: int) -> None:
+        """No turn begins at once for ``iterations`` loop iterations (this one included)."""
+        self._holds += 1
+        loop = asyncio.get_running_loop()
+
+        def release(left: int) -> None:
+            if left > 1:
+                loop.call_soon(release, left - 1)
+            else:
+                self._holds -= 1
+
+        loop.call_soon(release, iterations)

@@ -74,3 +74,29 @@ def test_a_cancelled_waiter_gives_its_turn_to_the_next() -> None:
         return entered
 
     assert asyncio.run(main()) == [0, 2]
+
+
+def test_a_lone_fetch_takes_its_turn_at_once_and_the_next_waits_for_the_next_iteration() -> None:
+    """One consumer reading pays no loop iteration per turn; a second turn in the same iteration still waits."""
+
+    async def main() -> list[tuple[str, int]]:
+        turns, ticks, stop, entered = FetchTurns(), [0], asyncio.Event(), []
+        _ticking(ticks, stop)
+        await asyncio.sleep(0)
+        before = ticks[0]
+        async with turns:
+            entered.append(("first", ticks[0] - before))
+        async with turns:
+            entered.append(("second", ticks[0] - before))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        mark = ticks[0]
+        async with turns:
+            entered.append(("later", ticks[0] - mark))
+        stop.set()
+        return entered
+
+    entered = dict(asyncio.run(main()))
+    assert entered["first"] == 0, "a lone turn waited for a loop iteration"
+    assert entered["second"] >= 1, "two turns began in one iteration"
+    assert entered["later"] == 0, "a turn after the others were done waited"
