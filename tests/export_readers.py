@@ -5,6 +5,7 @@ user; the readers must agree row for row."""
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,18 @@ def exported_rows(path: str, fmt: str, columns: list[str]) -> list[dict[str, Any
     every independent reader reads them; fails naming a reader that reads them differently."""
     assert "offset" in columns
     readings = {
-        name: sorted(t.to_pylist(), key=lambda r: r["offset"]) for name, t in read_tables(path, fmt, columns).items()
+        name: sorted(([{k: _utc(v) for k, v in row.items()} for row in t.to_pylist()]), key=lambda r: r["offset"])
+        for name, t in read_tables(path, fmt, columns).items()
     }
     (first, rows), *others = readings.items()
     for name, other in others:
         assert other == rows, f"{name} and {first} read {path} differently"
     return rows
+
+
+def _utc(value: Any) -> Any:
+    """A timestamp as its UTC instant without a zone: Spark writes timestamps as INT96, which pyarrow and DuckDB
+    read without a zone and deltalake with UTC (Delta's timestamp is UTC by definition); the instants agree."""
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(datetime.UTC).replace(tzinfo=None)
+    return value

@@ -10,6 +10,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiering_core.kafka_client import KafkaClientProperties
+from tiering_core.schema_registry import SchemaRegistrySettings
 from tiering_core.stores.config import FileSystemStoreConfig, StoreConfig
 
 
@@ -31,3 +32,8 @@ class ClusterSettings(BaseSettings):
         "the sidecars' settings.",
     )
     metadata_topic: str = Field(default="__tiering_metadata", description="The sidecars' metadata WAL topic.")
+    schema_registry: SchemaRegistrySettings = Field(
+        default_factory=SchemaRegistrySettings,
+        description="Where `tiering export --value-format avro` finds the values' schemas: url (REST API, basic "
+        "auth, TLS) or, unset, the registry's storage topic (_schemas) on this Kafka cluster.",
+    )

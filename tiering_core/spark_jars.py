@@ -1,4 +1,4 @@
-"""The jars a Spark export adds to PySpark's own (Delta Lake and Spark's Kafka source): where they are.
+"""The jars a Spark export adds to PySpark's own (Delta Lake, Spark's Kafka source, spark-avro): where they are.
 
 They are fetched once from Maven Central by the local stack's setup (``deploy/spark_jars.py``, run by
 ``deploy/setup.sh`` and ``tiering dev fetch``) into ``$TIERING_CACHE_DIR`` (default ~/.cache/tiering), or
@@ -34,7 +34,7 @@ def jars_dir() -> Path:
     if configured:
         return Path(configured).expanduser()
     spark_version, _ = pyspark_jars()
-    return cache_dir() / f"spark-{spark_version}-delta-{DELTA_VERSION}"
+    return cache_dir() / f"spark-{spark_version}-delta-{DELTA_VERSION}-avro"  # -avro: fetched with spark-avro
 
 
 def artifact(jar: str) -> str:
@@ -49,10 +49,11 @@ def spark_jars(directory: Path | None = None) -> list[str]:
     _, shipped_dir = pyspark_jars()
     shipped = {artifact(p.name) for p in shipped_dir.glob("*.jar")}
     jars = sorted(str(p) for p in where.glob("*.jar") if artifact(p.name) not in shipped)
-    if not any(artifact(Path(j).name).startswith("delta-spark") for j in jars):
+    names = [artifact(Path(j).name) for j in jars]
+    if not any(n.startswith("delta-spark") for n in names) or not any(n.startswith("spark-avro") for n in names):
         raise TieringError(
-            f"the Delta Lake and Spark Kafka source jars are not in {where}: fetch them once with "
-            f"`python -m tiering dev fetch` (it needs Maven), or put delta-spark {DELTA_VERSION} and its "
-            f"dependencies there and set TIERING_SPARK_JARS_DIR"
+            f"the Delta Lake, Spark Kafka source and spark-avro jars are not in {where}: fetch them once with "
+            f"`python -m tiering dev fetch` (it needs Maven), or put delta-spark {DELTA_VERSION}, spark-avro and "
+            f"their dependencies there and set TIERING_SPARK_JARS_DIR"
         )
     return jars

@@ -27,9 +27,11 @@ from reader.spark.listing import list_remote_partitions
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput, new_run_id
 from reader.spark.planning import PartitionRange
+from reader.spark.registry_avro import decode_registry_avro
 from reader.spark.source import NAME, plan, shared_store
 from tiering_core.errors import ConfigError
 from tiering_core.logs import get_logger
+from tiering_core.schema_registry import RegisteredSchema
 from tiering_core.stores.config import AnyStoreConfig
 
 log = get_logger(__name__)
@@ -51,8 +53,10 @@ class ExportRequest:
     starting_timestamp: int | None = None
     ending_timestamp: int | None = None
     incremental: bool = False
-    value_format: Literal["binary", "json"] = "binary"
+    value_format: Literal["binary", "json", "avro"] = "binary"
     json_schema: str | None = None  # DDL; inferred from a sample when None
+    value_subject: str | None = None  # avro: the registry subject of the values (default <topic>-value)
+    value_schemas: tuple[RegisteredSchema, ...] = ()  # avro: the subject's versions, read on the driver
     local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
     local_tail_client: dict[str, str] = field(default_factory=dict)  # their librdkafka properties (security...)
     # topic id -> partition -> a user's delete_records log start (recorded by the sidecar): records below are
@@ -99,6 +103,8 @@ def _expand(offsets: dict[int, int], partitions: list[int]) -> dict[int, int]:
 
 def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     """Run one export. Raises before any Spark work for bad input; a failed job commits nothing."""
+    if request.value_format == "avro" and not request.value_schemas:
+        raise ConfigError(f"no schema of subject {request.value_subject or request.topic + '-value'} in the registry")
     if request.format not in ("parquet", "delta"):
         raise ConfigError(f"unknown export format {request.format!r}: parquet or delta")
     parquet = ParquetOutput(request.path, request.topic) if request.format == "parquet" else None
@@ -116,6 +122,9 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     df = _frame(spark, request, wanted)
     if request.value_format == "json":
         df = flatten_json(spark, df, request.json_schema)
+    elif request.value_format == "avro":
+        subject = request.value_subject or f"{request.topic}-value"
+        df = decode_registry_avro(df, "value", subject, list(request.value_schemas), {*KAFKA_COLUMNS, "date"})
     ranges_json = {str(r.partition): [r.first, r.last] for r in wanted}
     topic_id = wanted[0].topic_id
     if parquet is not None:
@@ -200,7 +209,7 @@ def _write_delta(spark: SparkSession, df: DataFrame, request: ExportRequest, top
         df.write.format("delta").mode("append").partitionBy("partition", "date")
         .option("txnAppId", app_id).option("txnVersion", "0").option("userMetadata", metadata)
     )  # fmt: skip
-    if request.value_format == "json":  # a later run may infer new JSON fields: add them as columns
+    if request.value_format != "binary":  # a later run may bring new fields (inferred, a new version): columns
         writer = writer.option("mergeSchema", "true")
     writer.save(request.path)
     after = _delta_version(spark, request.path)

@@ -15,8 +15,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tiering.cli.common import DEFAULT_TIMEOUT_SECONDS, check_cluster, config_option, settings_from
+from tiering.config import SidecarSettings
 from tiering_core.errors import TieringError
 from tiering_core.kafka_client import client_properties
+from tiering_core.schema_registry import RegisteredSchema, schemas_from_registry, schemas_from_topic
 from tiering_core.stores.base import RemoteStoreError
 
 console = Console(stderr=True)
@@ -46,6 +48,25 @@ def user_log_starts(config_file: Path | None, topic: str, timeout: float) -> dic
         return catalog.user_log_starts(topic)
     finally:
         catalog.close()
+
+
+def value_schemas(settings: SidecarSettings, subject: str, timeout: float) -> tuple[RegisteredSchema, ...]:
+    """The subject's versions, on the driver before Spark starts: from the registry's REST API when
+    ``schema_registry.url`` is set, else from its storage topic on the cluster. None is one sentence (exit 1)."""
+    registry = settings.schema_registry
+    try:
+        if registry.url:
+            catalog = schemas_from_registry(registry.client_config(), [subject])
+        else:
+            catalog = schemas_from_topic(settings.bootstrap_servers, client_properties(settings.kafka_client),
+                                         registry.topic, timeout)  # fmt: skip
+    except TieringError as exc:
+        raise click.ClickException(str(exc)) from exc
+    versions = catalog.versions(subject)
+    if not versions:
+        where = registry.url or f"topic {registry.topic}"
+        raise click.ClickException(f"subject {subject} has no schema in the schema registry ({where})")
+    return tuple(versions)
 
 
 def parse_position(text: str | None, what: str) -> tuple[dict[int, int], int | None]:
@@ -99,8 +120,16 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 @click.option("--from", "from_", metavar="POSITION", help="Start (inclusive): offset, p:offset,..., ISO time or @ms.")
 @click.option("--to", "to", metavar="POSITION", help="End (exclusive): offset, p:offset,..., ISO time or @ms.")
 @click.option("--incremental", is_flag=True, help="Export only what was tiered since the last run, exactly once.")
-@click.option("--value-format", type=click.Choice(["binary", "json"]), default="binary", show_default=True,
-              help="json: also flatten JSON values into columns (_corrupt says why a value gave none).")  # fmt: skip
+@click.option(
+    "--value-format",
+    type=click.Choice(["binary", "json", "avro"]),
+    default="binary",
+    show_default=True,
+    help="json: also flatten JSON values into columns (_corrupt says why a value gave none). avro: values "
+    "in the schema registry's wire format as typed columns, by the subject's schemas (settings: "
+    "schema_registry); a value that does not decode keeps its bytes in _corrupt, the reason in _error.",
+)
+@click.option("--value-subject", metavar="SUBJECT", help="avro: the values' registry subject [default: TOPIC-value].")
 @click.option("--json-schema", metavar="DDL", help="Schema of JSON values (e.g. 'order long, note string'); "
               "inferred from a sample when absent.")  # fmt: skip
 @click.option("--include-local-tail", is_flag=True,
@@ -114,7 +143,8 @@ def _progress_until(spark: object, done: threading.Event) -> None:
               "request; past it the export exits 1, before Spark starts.")  # fmt: skip
 @config_option
 def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, incremental: bool, value_format: str,
-           json_schema: str | None, include_local_tail: bool, master: str, confs: tuple[str, ...], show: int,
+           value_subject: str | None, json_schema: str | None, include_local_tail: bool, master: str,
+           confs: tuple[str, ...], show: int,
            config_file: Path | None, timeout: float) -> None:  # fmt: skip
     """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading them from the object store.
 
@@ -151,6 +181,9 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
         local_tail_client=client_properties(settings.kafka_client) if include_local_tail else {},
         log_starts=user_log_starts(config_file, topic, timeout),
+        value_subject=value_subject,
+        value_schemas=value_schemas(settings, value_subject or f"{topic}-value", timeout) if value_format == "avro"
+        else (),
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts

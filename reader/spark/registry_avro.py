@@ -1,0 +1,123 @@
+"""Avro values in the schema registry's wire format, decoded into typed columns by Spark's ``from_avro``.
+
+One reader schema for the whole export: the union of the subject's versions (``union_avro_schema``). A
+field every version has keeps its type (the newest version's, which Avro's promotions let read the older
+ones); a field some versions lack becomes nullable with default null, so a record written before the field
+existed reads it as null. Each record is decoded in the executors by ``from_avro`` (spark-avro, compiled
+JVM code, no Python per record) with its own writer schema, chosen by the schema id in its first five bytes
+(one CASE branch per version), resolved to the reader schema: every branch gives the same struct, whose
+fields become the columns. A value that is not in the wire format, names a schema id that is not a version
+of the subject, or does not decode keeps its bytes in ``_corrupt`` with the reason in ``_error``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from tiering_core.errors import ConfigError
+from tiering_core.schema_registry import HEADER_BYTES, MAGIC, RegisteredSchema
+
+NOT_FRAMED = "not in the schema registry's wire format (magic byte 0 and a schema id)"
+_DECODED = "_tiering_decoded"
+
+
+def union_avro_schema(versions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reader schema for records written with any of ``versions`` (parsed Avro record schemas, oldest
+    first). Raises ConfigError when they are not records of one name."""
+    if not versions:
+        raise ConfigError("no schema versions to read the values with")
+    names = {v.get("name") for v in versions if isinstance(v, dict)}
+    if len(names) != 1 or any(not isinstance(v, dict) or v.get("type") != "record" for v in versions):
+        raise ConfigError(f"the subject's versions are not one Avro record (names: {sorted(map(str, names))})")
+    return _merge_records(versions)
+
+
+def _merge_records(versions: list[dict[str, Any]]) -> dict[str, Any]:
+    newest = copy.deepcopy(versions[-1])
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    order: list[str] = []
+    for version in reversed(versions):  # the newest version's order first, then fields only older ones had
+        for field in version["fields"]:
+            if field["name"] not in by_name:
+                order.append(field["name"])
+            by_name.setdefault(field["name"], []).append(field)
+    fields = []
+    for name in order:
+        seen = by_name[name]  # newest first
+        field = copy.deepcopy(seen[0])
+        types = [f["type"] for f in reversed(seen)]
+        if all(_is_record(t) for t in types) and len({t["name"] for t in types}) == 1:
+            field["type"] = _merge_records(types)
+        elif all(_is_enum(t) for t in types) and len({t["name"] for t in types}) == 1:
+            field["type"] = {**types[-1], "symbols": list(dict.fromkeys(s for t in types for s in t["symbols"]))}
+        if len(seen) < len(versions):
+            field["type"] = _nullable(field["type"])
+            field["default"] = None
+        fields.append(field)
+    newest["fields"] = fields
+    return newest
+
+
+def _is_record(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("type") == "record"
+
+
+def _is_enum(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("type") == "enum"
+
+
+def _nullable(t: Any) -> Any:
+    if isinstance(t, list):
+        return t if "null" in t else ["null", *t]
+    return t if t == "null" else ["null", t]
+
+
+def decode_registry_avro(df: DataFrame, column: str, subject: str, versions: list[RegisteredSchema],
+                         taken: set[str]) -> DataFrame:  # fmt: skip
+    """``df`` with ``column`` (binary, wire format) replaced by its fields as columns, plus ``_corrupt``
+    (the bytes of a value that gave none) and ``_error`` (why). A field named like a column of ``taken``
+    or ``_corrupt``/``_error`` gets a ``<column>_`` prefix."""
+    from pyspark.sql.avro.functions import from_avro
+
+    avro = [v for v in versions if v.schema_type == "AVRO"]
+    if not avro:
+        raise ConfigError(f"subject {subject} has no Avro schema in the registry")
+    by_id = {v.id: v for v in avro}
+    reader = union_avro_schema([json.loads(v.schema) for v in avro])
+    # from_avro's PERMISSIVE mode gives a struct of nulls, not null, for a value that does not decode: a field
+    # no writer has, whose default every decoded value gets, tells the two apart
+    marked = {**reader, "fields": [*reader["fields"], {"name": _DECODED, "type": "boolean", "default": True}]}
+    reader_json = json.dumps(marked)
+    raw = F.col(column)
+    framed = (F.length(raw) > HEADER_BYTES - 1) & (F.substring(raw, 1, 1) == F.lit(bytes([MAGIC])))
+    schema_id = F.conv(F.hex(F.substring(raw, 2, 4)), 16, 10).cast("long")
+    payload = F.expr(f"substring(`{column}`, {HEADER_BYTES + 1})")
+    decoded: Any = None
+    for schema_id_value, version in by_id.items():
+        branch = from_avro(payload, version.schema, {"avroSchema": reader_json, "mode": "PERMISSIVE"})
+        decoded = F.when(schema_id == schema_id_value, branch) if decoded is None else decoded.when(
+            schema_id == schema_id_value, branch)  # fmt: skip
+    known = schema_id.isin(list(by_id))
+    rest = [c for c in df.columns if c != column]
+    # decoded once per row into a column of its own: the checks and the fields below read it
+    staged = df.select(*rest, raw.alias("__raw"), schema_id.alias("__id"), framed.alias("__framed"),
+                       known.alias("__known"), decoded.alias("__value"))  # fmt: skip
+    sid, value = F.col("__id").cast("string"), F.col("__value")
+    error: Column = (
+        F.when(F.col("__raw").isNull(), F.lit(None))
+        .when(~F.col("__framed"), F.lit(NOT_FRAMED))
+        .when(~F.col("__known"), F.concat(F.lit("schema id "), sid, F.lit(f" is not a version of subject {subject}")))
+        .when(value.isNull() | value[_DECODED].isNull(), F.concat(F.lit("does not decode with schema id "), sid))
+    )  # fmt: skip
+    names = {*taken, "_corrupt", "_error"}
+    columns = [
+        F.when(error.isNull(), value[f["name"]]).alias(f"{column}_{f['name']}" if f["name"] in names else f["name"])
+        for f in reader["fields"]
+    ]
+    return staged.select(*rest, *columns, F.when(error.isNotNull(), F.col("__raw")).alias("_corrupt"),
+                         error.cast("string").alias("_error"))  # fmt: skip
