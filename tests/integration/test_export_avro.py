@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import io
 import json
-import struct
 import subprocess
 import sys
 import uuid
@@ -41,6 +39,8 @@ from tests.conftest import create_topic
 from tests.export_readers import exported_rows
 from tests.integration.test_spark_export import tier_everything_rolled
 from tests.sidecar_harness import settings, write_config
+from tiering.bench.registry_values import framed as framed_with
+from tiering.bench.registry_values import storage_record
 from tiering.cli.main import main
 from tiering_core.schema_registry import schemas_from_registry, schemas_from_topic
 
@@ -71,10 +71,7 @@ V1_ID, V2_ID, UNKNOWN_ID = 7, 12, 999
 
 
 def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    out.write(b"\x00" + struct.pack(">i", schema_id))
-    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
-    return out.getvalue()
+    return framed_with(schema_id, fastavro.parse_schema(schema), record)
 
 
 def record(n: int, version: int) -> dict[str, Any]:
@@ -100,18 +97,15 @@ def schema_records(subject: str) -> list[tuple[bytes | None, bytes | None]]:
     def key(keytype: str, **fields: Any) -> bytes:
         return json.dumps({"keytype": keytype, **fields, "magic": 1 if keytype == "SCHEMA" else 0}).encode()
 
-    def value(version: int, schema_id: int, schema: dict[str, Any]) -> bytes:
-        return json.dumps({"subject": subject, "version": version, "id": schema_id, "schema": json.dumps(schema),
-                           "deleted": False}).encode()  # fmt: skip
-
+    gone = storage_record(subject, 3, 40, {"type": "record", "name": "Gone", "fields": []})
     return [
         (key("NOOP"), None),
         (key("CONFIG", subject=subject), json.dumps({"compatibilityLevel": "BACKWARD"}).encode()),
-        (key("SCHEMA", subject=subject, version=1), value(1, V1_ID, V1)),
-        (key("SCHEMA", subject="other-value", version=1), value(1, 3, {"type": "string"})),
-        (key("SCHEMA", subject=subject, version=2), value(2, V2_ID, V2)),
-        (key("SCHEMA", subject=subject, version=3), value(3, 40, {"type": "record", "name": "Gone", "fields": []})),
-        (key("SCHEMA", subject=subject, version=3), None),  # deleted for good
+        storage_record(subject, 1, V1_ID, V1),
+        storage_record("other-value", 1, 3, {"type": "string"}),
+        storage_record(subject, 2, V2_ID, V2),
+        gone,
+        (gone[0], None),  # deleted for good
     ]
 
 

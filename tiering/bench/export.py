@@ -21,8 +21,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
+import fastavro
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
@@ -32,30 +34,47 @@ from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.sidecar_config import write_sidecar_config
 from deploy.spark_jars import spark_jars
 from deploy.stack import Endpoints
+from tiering.bench.registry_values import framed, storage_record
 from tiering.cli.topic import enable
 from tiering.config import load_settings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
 from tiering_core.produce import produce_waiting
+from tiering_core.schema_registry import schemas_from_topic
 
 PARTITIONS = 2
 
 
-def _produce(endpoints: Endpoints, topic: str, megabytes: int, codec: str, segment_mb: int) -> int:
+ORDER = {
+    "type": "record", "name": "Order", "namespace": "bench",
+    "fields": [{"name": "order", "type": "long"}, {"name": "customer", "type": "string"},
+               {"name": "amount", "type": "double"}, {"name": "note", "type": "string"}],
+}  # fmt: skip
+SCHEMA_ID = 1
+
+
+def _produce(endpoints: Endpoints, topic: str, megabytes: int, codec: str, segment_mb: int, avro: bool) -> int:
+    """The records (JSON values, or Avro ones in the registry's wire format with the same fields); the count."""
     admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
     config = {"segment.bytes": str(segment_mb << 20)}
     admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)])[topic].result(60)
     producer = Producer({"bootstrap.servers": endpoints.bootstrap, "linger.ms": 20, "batch.size": 256 << 10,
                          "compression.type": codec})  # fmt: skip
+    parsed = fastavro.parse_schema(ORDER) if avro else None
     target = megabytes << 20
     sent = count = 0
     while sent < target:
-        value = json.dumps({"order": count, "customer": f"c-{count % 9973}", "amount": count % 10000 / 100,
-                            "note": "x" * (count % 160)}).encode()  # fmt: skip
+        doc = {"order": count, "customer": f"c-{count % 9973}", "amount": count % 10000 / 100,
+               "note": "x" * (count % 160)}  # fmt: skip
+        value = framed(SCHEMA_ID, parsed, doc) if avro else json.dumps(doc).encode()
         headers = [("source", b"bench")] if count % 10 == 0 else None
         produce_waiting(producer, topic, key=f"c-{count % 9973}".encode(), value=value, headers=headers)
         sent += len(value) + 12
         count += 1
+    if avro:  # the registry's storage topic, where the export finds the schema
+        admin.create_topics([NewTopic(f"{topic}-schemas", 1, 1)])[f"{topic}-schemas"].result(60)
+        key, value = storage_record(f"{topic}-value", 1, SCHEMA_ID, ORDER)
+        producer.produce(f"{topic}-schemas", key=key, value=value)
     if producer.flush(300) != 0:
         raise click.ClickException("producing the benchmark records did not finish")
     return count
@@ -84,12 +103,14 @@ def _tier(click_ctx: click.Context, endpoints: Endpoints, topic: str) -> Path:
 
 
 def _parquet_rows(path: Path) -> tuple[int, int, int]:
-    """Rows, Parquet bytes, and the key and value bytes of the exported records."""
+    """Rows, Parquet bytes, and the key and value bytes of the exported records (the keys' alone where the
+    values were decoded into columns)."""
     files = list(path.rglob("*.parquet"))
     payload = 0
     for f in files:
-        table = pq.read_table(f, columns=["key", "value"])
-        payload += sum(pc.sum(pc.binary_length(table[c])).as_py() or 0 for c in ("key", "value"))
+        columns = [c for c in ("key", "value") if c in pq.read_schema(f).names]
+        table = pq.read_table(f, columns=columns)
+        payload += sum(pc.sum(pc.binary_length(table[c])).as_py() or 0 for c in columns)
     return sum(pq.read_metadata(f).num_rows for f in files), sum(f.stat().st_size for f in files), payload
 
 
@@ -102,9 +123,13 @@ def _parquet_rows(path: Path) -> tuple[int, int, int]:
               help="segment.bytes of the topic, in MiB (only rolled segments are tiered and compared).")  # fmt: skip
 @click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True,
               help="Timed runs of each side, interleaved; the best of each is reported.")  # fmt: skip
+@click.option("--value-format", type=click.Choice(["binary", "avro"]), default="binary", show_default=True,
+              help="avro: values in the schema registry's Avro wire format, decoded into typed columns on both "
+              "sides: ours as `tiering export --value-format avro` does (schema from the registry's storage "
+              "topic), Spark's Kafka source followed by from_avro with the same schema.")  # fmt: skip
 @stack_dir_option
 @click.pass_context
-def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, rounds: int,
+def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, rounds: int, value_format: str,
            stack_dir: Path | None) -> None:  # fmt: skip
     """Rows/s and MB/s exporting the same records to Parquet: kafka_tiered (S3) beside Spark's Kafka source.
 
@@ -117,8 +142,10 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     the same on both sides; `decoder` names the record decoder (native or python, see
     tiering_core.formats.native). Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
+    from reader.spark.export import KAFKA_COLUMNS
     from reader.spark.options import parse_options, store_options
     from reader.spark.planning import plan_slices
+    from reader.spark.registry_avro import decode_registry_avro
     from reader.spark.session import export_session
     from reader.spark.slices import read_slice
     from reader.spark.source import plan, shared_store
@@ -126,7 +153,8 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
 
     with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
         topic = f"bench-export-{os.getpid()}-{int(time.time())}"
-        produced = _produce(endpoints, topic, size_mb, codec, segment_mb)
+        avro = value_format == "avro"
+        produced = _produce(endpoints, topic, size_mb, codec, segment_mb, avro)
         settings = load_settings(_tier(click_ctx, endpoints, topic))
         options = {"subscribe": topic, **store_options(settings.remote_storage)}
         opts = parse_options(options)
@@ -141,15 +169,23 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         decode_seconds = time.perf_counter() - started
 
         spark = export_session("local[2]", spark_jars(), app_name="tiering bench export")
-        sides = {
+        loaders = {
             "spark-kafka": lambda: spark.read.format("kafka").option("kafka.bootstrap.servers", endpoints.bootstrap)
             .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
-            .option("endingOffsets", json.dumps(ending)),
+            .option("endingOffsets", json.dumps(ending)).load(),
             "ours": lambda: spark.read.format("kafka_tiered").options(**options)
-            .option("endingOffsets", json.dumps(ending)),
+            .option("endingOffsets", json.dumps(ending)).load(),
         }  # fmt: skip
+        sides = loaders
+        if avro:
+            schemas = schemas_from_topic(endpoints.bootstrap, {}, f"{topic}-schemas").versions(f"{topic}-value")
+            sides = {
+                "spark-kafka": lambda: _from_avro(loaders["spark-kafka"]()),
+                "ours": lambda: decode_registry_avro(loaders["ours"](), "value", f"{topic}-value", schemas,
+                                                     set(KAFKA_COLUMNS)),
+            }  # fmt: skip
         for make in sides.values():  # warm-up: JVM, Python workers, connections
-            make().load().where("offset < 1000").write.mode("overwrite").parquet(f"{tmp}/warm")
+            make().where("offset < 1000").write.mode("overwrite").parquet(f"{tmp}/warm")
         timings: dict[str, list[float]] = {side: [] for side in sides}
         source_only: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):  # interleaved, so load on the machine and JIT warm-up hit both sides alike
@@ -157,12 +193,12 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
                 out = Path(tmp) / side
                 shutil.rmtree(out, ignore_errors=True)
                 started = time.perf_counter()
-                make().load().write.parquet(str(out))
+                make().write.parquet(str(out))
                 timings[side].append(time.perf_counter() - started)
         for _ in range(rounds):  # the source alone: every column of every row read, nothing written
             for side, make in sides.items():
                 started = time.perf_counter()
-                make().load().write.format("noop").mode("overwrite").save()
+                make().write.format("noop").mode("overwrite").save()
                 source_only[side].append(time.perf_counter() - started)
         results = {}
         for side in sides:
@@ -193,5 +229,16 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
             "decoder_only_rows_per_s": round(decoded / decode_seconds),
             "decoder_only_mb_s": round(log_bytes / 1e6 / decode_seconds, 1),
             "rows": ours["rows"], "produced": produced, "log_bytes": log_bytes, "codec": codec,
-            "partitions": PARTITIONS, "segment_mb": segment_mb, "master": "local[2]",
+            "partitions": PARTITIONS, "segment_mb": segment_mb, "master": "local[2]", "value_format": value_format,
         }))  # fmt: skip
+
+
+def _from_avro(df: Any) -> Any:
+    """What a Spark job on the Kafka source does with registry-framed Avro values: the five header bytes cut
+    off and the rest given to from_avro with the schema, the value's fields as columns."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    rest = [c for c in df.columns if c != "value"]
+    decoded = from_avro(F.expr("substring(value, 6)"), json.dumps(ORDER))
+    return df.select(*rest, decoded.alias("v")).select(*rest, "v.*")
