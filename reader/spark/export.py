@@ -57,6 +57,9 @@ class ExportRequest:
     json_schema: str | None = None  # DDL; inferred from a sample when None
     value_subject: str | None = None  # avro: the registry subject of the values (default <topic>-value)
     value_schemas: tuple[RegisteredSchema, ...] = ()  # avro: the subject's versions, read on the driver
+    key_format: Literal["binary", "avro"] = "binary"
+    key_subject: str | None = None  # avro: the registry subject of the keys (default <topic>-key)
+    key_schemas: tuple[RegisteredSchema, ...] = ()
     local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
     local_tail_client: dict[str, str] = field(default_factory=dict)  # their librdkafka properties (security...)
     # topic id -> partition -> a user's delete_records log start (recorded by the sidecar): records below are
@@ -105,6 +108,8 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     """Run one export. Raises before any Spark work for bad input; a failed job commits nothing."""
     if request.value_format == "avro" and not request.value_schemas:
         raise ConfigError(f"no schema of subject {request.value_subject or request.topic + '-value'} in the registry")
+    if request.key_format == "avro" and not request.key_schemas:
+        raise ConfigError(f"no schema of subject {request.key_subject or request.topic + '-key'} in the registry")
     if request.format not in ("parquet", "delta"):
         raise ConfigError(f"unknown export format {request.format!r}: parquet or delta")
     parquet = ParquetOutput(request.path, request.topic) if request.format == "parquet" else None
@@ -122,9 +127,20 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     df = _frame(spark, request, wanted)
     if request.value_format == "json":
         df = flatten_json(spark, df, request.json_schema)
-    elif request.value_format == "avro":
+    if request.key_format == "avro":  # key fields as key_<field>, a scalar key typed in place
+        df = decode_registry_avro(
+            df,
+            "key",
+            request.key_subject or f"{request.topic}-key",
+            list(request.key_schemas),
+            set(df.columns),
+            prefix="key_",
+            corrupt="_key_corrupt",
+            error_column="_key_error",
+        )
+    if request.value_format == "avro":
         subject = request.value_subject or f"{request.topic}-value"
-        df = decode_registry_avro(df, "value", subject, list(request.value_schemas), {*KAFKA_COLUMNS, "date"})
+        df = decode_registry_avro(df, "value", subject, list(request.value_schemas), {*KAFKA_COLUMNS, *df.columns})
     ranges_json = {str(r.partition): [r.first, r.last] for r in wanted}
     topic_id = wanted[0].topic_id
     if parquet is not None:
@@ -209,7 +225,7 @@ def _write_delta(spark: SparkSession, df: DataFrame, request: ExportRequest, top
         df.write.format("delta").mode("append").partitionBy("partition", "date")
         .option("txnAppId", app_id).option("txnVersion", "0").option("userMetadata", metadata)
     )  # fmt: skip
-    if request.value_format != "binary":  # a later run may bring new fields (inferred, a new version): columns
+    if request.value_format != "binary" or request.key_format != "binary":  # new fields (inferred, a new version)
         writer = writer.option("mergeSchema", "true")
     writer.save(request.path)
     after = _delta_version(spark, request.path)

@@ -26,13 +26,16 @@ NOT_FRAMED = "not in the schema registry's wire format (magic byte 0 and a schem
 _DECODED = "_tiering_decoded"
 
 
-def union_avro_schema(versions: list[dict[str, Any]]) -> dict[str, Any]:
-    """The reader schema for records written with any of ``versions`` (parsed Avro record schemas, oldest
-    first). Raises ConfigError when they are not records of one name."""
+def union_avro_schema(versions: list[Any]) -> Any:
+    """The reader schema for records written with any of ``versions`` (parsed Avro schemas, oldest first):
+    for records of one name, their union (see above); for versions that are not records (a key that is a
+    string or a long), the newest. Raises ConfigError when they are neither."""
     if not versions:
         raise ConfigError("no schema versions to read the values with")
+    if not any(_is_record(v) for v in versions):
+        return versions[-1]
     names = {v.get("name") for v in versions if isinstance(v, dict)}
-    if len(names) != 1 or any(not isinstance(v, dict) or v.get("type") != "record" for v in versions):
+    if len(names) != 1 or not all(_is_record(v) for v in versions):
         raise ConfigError(f"the subject's versions are not one Avro record (names: {sorted(map(str, names))})")
     return _merge_records(versions)
 
@@ -78,10 +81,12 @@ def _nullable(t: Any) -> Any:
 
 
 def decode_registry_avro(df: DataFrame, column: str, subject: str, versions: list[RegisteredSchema],
-                         taken: set[str]) -> DataFrame:  # fmt: skip
-    """``df`` with ``column`` (binary, wire format) replaced by its fields as columns, plus ``_corrupt``
-    (the bytes of a value that gave none) and ``_error`` (why). A field named like a column of ``taken``
-    or ``_corrupt``/``_error`` gets a ``<column>_`` prefix."""
+                         taken: set[str], *, prefix: str | None = None, corrupt: str = "_corrupt",
+                         error_column: str = "_error") -> DataFrame:  # fmt: skip
+    """``df`` with ``column`` (binary, wire format) replaced by its fields as columns, plus ``corrupt`` (the
+    bytes of a value that gave none) and ``error_column`` (why). Fields are named ``prefix + name``; without a
+    prefix, a field named like a column of ``taken``, ``corrupt`` or ``error_column`` gets ``<column>_``. A
+    schema that is not a record (a string key) gives one column named ``column``, typed."""
     from pyspark.sql.avro.functions import from_avro
 
     avro = [v for v in versions if v.schema_type == "AVRO"]
@@ -89,10 +94,12 @@ def decode_registry_avro(df: DataFrame, column: str, subject: str, versions: lis
         raise ConfigError(f"subject {subject} has no Avro schema in the registry")
     by_id = {v.id: v for v in avro}
     reader = union_avro_schema([json.loads(v.schema) for v in avro])
-    # from_avro's PERMISSIVE mode gives a struct of nulls, not null, for a value that does not decode: a field
-    # no writer has, whose default every decoded value gets, tells the two apart
-    marked = {**reader, "fields": [*reader["fields"], {"name": _DECODED, "type": "boolean", "default": True}]}
-    reader_json = json.dumps(marked)
+    record = _is_record(reader)
+    if record:
+        # from_avro's PERMISSIVE mode gives a struct of nulls, not null, for a value that does not decode: a
+        # field no writer has, whose default every decoded value gets, tells the two apart
+        reader = {**reader, "fields": [*reader["fields"], {"name": _DECODED, "type": "boolean", "default": True}]}
+    reader_json = json.dumps(reader)
     raw = F.col(column)
     framed = (F.length(raw) > HEADER_BYTES - 1) & (F.substring(raw, 1, 1) == F.lit(bytes([MAGIC])))
     schema_id = F.conv(F.hex(F.substring(raw, 2, 4)), 16, 10).cast("long")
@@ -108,16 +115,32 @@ def decode_registry_avro(df: DataFrame, column: str, subject: str, versions: lis
     staged = df.select(*rest, raw.alias("__raw"), schema_id.alias("__id"), framed.alias("__framed"),
                        known.alias("__known"), decoded.alias("__value"))  # fmt: skip
     sid, value = F.col("__id").cast("string"), F.col("__value")
+    # a record that does not decode is a struct of nulls; a scalar that decodes to null is a null of a nullable
+    # schema, or a value that does not decode
+    failed = (value.isNull() | value[_DECODED].isNull()) if record else value.isNull() & F.lit(
+        not _allows_null(reader))  # fmt: skip
     error: Column = (
         F.when(F.col("__raw").isNull(), F.lit(None))
         .when(~F.col("__framed"), F.lit(NOT_FRAMED))
         .when(~F.col("__known"), F.concat(F.lit("schema id "), sid, F.lit(f" is not a version of subject {subject}")))
-        .when(value.isNull() | value[_DECODED].isNull(), F.concat(F.lit("does not decode with schema id "), sid))
+        .when(failed, F.concat(F.lit("does not decode with schema id "), sid))
     )  # fmt: skip
-    names = {*taken, "_corrupt", "_error"}
-    columns = [
-        F.when(error.isNull(), value[f["name"]]).alias(f"{column}_{f['name']}" if f["name"] in names else f["name"])
-        for f in reader["fields"]
-    ]
-    return staged.select(*rest, *columns, F.when(error.isNotNull(), F.col("__raw")).alias("_corrupt"),
-                         error.cast("string").alias("_error"))  # fmt: skip
+    if record:
+        names = {*taken, corrupt, error_column}
+        fields = [f["name"] for f in reader["fields"] if f["name"] != _DECODED]
+        columns = [F.when(error.isNull(), value[name]).alias(_column_name(name, column, prefix, names))
+                   for name in fields]  # fmt: skip
+    else:
+        columns = [F.when(error.isNull(), value).alias(column)]
+    return staged.select(*rest, *columns, F.when(error.isNotNull(), F.col("__raw")).alias(corrupt),
+                         error.cast("string").alias(error_column))  # fmt: skip
+
+
+def _column_name(field: str, column: str, prefix: str | None, taken: set[str]) -> str:
+    if prefix is not None:
+        return prefix + field
+    return f"{column}_{field}" if field in taken else field
+
+
+def _allows_null(schema: Any) -> bool:
+    return schema == "null" or (isinstance(schema, list) and "null" in schema)

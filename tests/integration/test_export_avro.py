@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 import json
 import subprocess
 import sys
@@ -67,7 +68,8 @@ V2["fields"][7]["type"]["symbols"].append("SHIPPED")
 V2["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
 V2["fields"] = [f for f in V2["fields"] if f["name"] != "tags"]  # dropped in version 2: null in its records
 FIELDS = ["id", "customer", "amount", "day", "at", "tags", "attrs", "state", "ship", "value_offset", "note"]
-V1_ID, V2_ID, UNKNOWN_ID = 7, 12, 999
+V1_ID, V2_ID, UNKNOWN_ID, KEY_ID = 7, 12, 999, 20
+KEY = {"type": "string"}  # keys are strings (StringSerializer's Avro twin): one typed key column
 
 
 def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
@@ -104,6 +106,7 @@ def schema_records(subject: str) -> list[tuple[bytes | None, bytes | None]]:
         storage_record(subject, 1, V1_ID, V1),
         storage_record("other-value", 1, 3, {"type": "string"}),
         storage_record(subject, 2, V2_ID, V2),
+        storage_record(subject.removesuffix("-value") + "-key", 1, KEY_ID, KEY),
         gone,
         (gone[0], None),  # deleted for good
     ]
@@ -115,6 +118,8 @@ class Written:
         self.values: dict[int, bytes | None] = {}
         self.expected: dict[int, dict[str, Any] | None] = {}  # offset -> fields; None: a value that gives none
         self.errors: dict[int, str | None] = {}
+        self.keys: dict[int, bytes] = {}
+        self.key_expected: dict[int, str | None] = {}  # None: a key that gives none (not framed)
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +136,20 @@ def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Writt
                                                      schema_registry={"topic": schemas_topic}))  # fmt: skip
     subject = f"{topic}-value"
 
+    key_schema = fastavro.parse_schema(KEY)
+    sent = itertools.count()
+
     def add(value: bytes | None, expected: dict[str, Any] | None, error: str | None) -> None:
+        n = next(sent)
+        key = b"raw key" if n % 500 == 11 else framed_with(KEY_ID, key_schema, f"k-{n}")
+        key_expected = None if n % 500 == 11 else f"k-{n}"
+
         def report(err: object, msg: Any) -> None:
             assert err is None, err
             out.values[msg.offset()], out.expected[msg.offset()], out.errors[msg.offset()] = value, expected, error
+            out.keys[msg.offset()], out.key_expected[msg.offset()] = key, key_expected
 
-        producer.produce(topic, key=None, value=value, on_delivery=report)
+        producer.produce(topic, key=key, value=value, on_delivery=report)
 
     for n in range(6_000):
         version = 1 if n < 3_000 else 2
@@ -204,6 +217,21 @@ def check(path: str, fmt: str, written: Written, last: int) -> None:
     assert errors and {o for o, r in rows.items() if r["_error"] is not None} == errors
 
 
+def check_keys(path: str, fmt: str, written: Written) -> None:
+    """String keys in the wire format as one typed ``key`` column; the keys that are not framed in
+    ``_key_corrupt`` with the reason in ``_key_error``."""
+    bad = 0
+    for row in exported_rows(path, fmt, ["offset", "key", "_key_corrupt", "_key_error"]):
+        want = written.key_expected[row["offset"]]
+        if want is None:
+            bad += 1
+            assert row["key"] is None and row["_key_error"] == NOT_FRAMED, row
+            assert row["_key_corrupt"] == written.keys[row["offset"]]
+        else:
+            assert (row["key"], row["_key_corrupt"], row["_key_error"]) == (want, None, None), row
+    assert bad > 5, "no key that gives none was exported"
+
+
 def test_the_storage_topic_and_the_rest_api_give_the_same_versions(written: Written, stack: Endpoints) -> None:
     subject = f"{written.topic}-value"
     from_topic = schemas_from_topic(stack.bootstrap, {}, written.schemas_topic).versions(subject)
@@ -220,27 +248,31 @@ def test_avro_values_become_typed_columns_in_parquet(written: Written, spark: Sp
     subject = f"{written.topic}-value"
     cfg = settings(written.config)
     versions = schemas_from_topic(cfg.bootstrap_servers, {}, written.schemas_topic).versions(subject)
+    keys = schemas_from_topic(cfg.bootstrap_servers, {}, written.schemas_topic).versions(f"{written.topic}-key")
     request = ExportRequest(topic=written.topic, format="parquet", path=str(tmp_path / "pq"),
-                            store=cfg.remote_storage, value_format="avro", value_schemas=tuple(versions))  # fmt: skip
+                            store=cfg.remote_storage, value_format="avro", value_schemas=tuple(versions),
+                            key_format="avro", key_schemas=tuple(keys))  # fmt: skip
     result = run_export(spark, request)
     (rng,) = result.ranges
     check(str(tmp_path / "pq"), "parquet", written, rng.last)
+    check_keys(str(tmp_path / "pq"), "parquet", written)
     schema = dict(spark.read.parquet(str(tmp_path / "pq")).dtypes)
     assert schema["amount"] == "decimal(10,2)" and schema["day"] == "date" and schema["at"] == "timestamp"
     assert schema["attrs"] == "map<string,bigint>" and schema["tags"] == "array<string>"
-    assert "value" not in schema and schema["_corrupt"] == "binary"
+    assert "value" not in schema and schema["_corrupt"] == "binary" and schema["key"] == "string"
 
 
 def test_the_cli_exports_avro_to_delta_from_the_registry_topic(written: Written, tmp_path: Path) -> None:
     path = tmp_path / "delta"
     run = subprocess.run(
         [sys.executable, "-m", "tiering", "export", written.topic, "--format", "delta", "--path", str(path),
-         "--value-format", "avro", "--master", "local[2]", "--config", str(written.config)],
+         "--value-format", "avro", "--key-format", "avro", "--master", "local[2]", "--config", str(written.config)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     check(str(path), "delta", written, summary["ranges"]["0"][1])
+    check_keys(str(path), "delta", written)
 
 
 def test_a_subject_the_registry_does_not_know_is_one_sentence_before_spark(written: Written) -> None:

@@ -50,23 +50,29 @@ def user_log_starts(config_file: Path | None, topic: str, timeout: float) -> dic
         catalog.close()
 
 
-def value_schemas(settings: SidecarSettings, subject: str, timeout: float) -> tuple[RegisteredSchema, ...]:
-    """The subject's versions, on the driver before Spark starts: from the registry's REST API when
-    ``schema_registry.url`` is set, else from its storage topic on the cluster. None is one sentence (exit 1)."""
+def registry_versions(
+    settings: SidecarSettings, subjects: list[str], timeout: float
+) -> list[tuple[RegisteredSchema, ...]]:
+    """Each subject's versions, on the driver before Spark starts: from the registry's REST API when
+    ``schema_registry.url`` is set, else from its storage topic on the cluster (read once). A subject with none
+    is one sentence (exit 1)."""
     registry = settings.schema_registry
     try:
         if registry.url:
-            catalog = schemas_from_registry(registry.client_config(), [subject])
+            catalog = schemas_from_registry(registry.client_config(), subjects)
         else:
             catalog = schemas_from_topic(settings.bootstrap_servers, client_properties(settings.kafka_client),
                                          registry.topic, timeout)  # fmt: skip
     except TieringError as exc:
         raise click.ClickException(str(exc)) from exc
-    versions = catalog.versions(subject)
-    if not versions:
-        where = registry.url or f"topic {registry.topic}"
-        raise click.ClickException(f"subject {subject} has no schema in the schema registry ({where})")
-    return tuple(versions)
+    found = []
+    for subject in subjects:
+        versions = catalog.versions(subject)
+        if not versions:
+            where = registry.url or f"topic {registry.topic}"
+            raise click.ClickException(f"subject {subject} has no schema in the schema registry ({where})")
+        found.append(tuple(versions))
+    return found
 
 
 def parse_position(text: str | None, what: str) -> tuple[dict[int, int], int | None]:
@@ -130,6 +136,15 @@ def _progress_until(spark: object, done: threading.Event) -> None:
     "schema_registry); a value that does not decode keeps its bytes in _corrupt, the reason in _error.",
 )
 @click.option("--value-subject", metavar="SUBJECT", help="avro: the values' registry subject [default: TOPIC-value].")
+@click.option(
+    "--key-format",
+    type=click.Choice(["binary", "avro"]),
+    default="binary",
+    show_default=True,
+    help="avro: keys in the schema registry's Avro wire format as columns key_<field> (a key that is not a "
+    "record, e.g. a string, stays one typed key column); _key_corrupt and _key_error as for values.",
+)
+@click.option("--key-subject", metavar="SUBJECT", help="avro: the keys' registry subject [default: TOPIC-key].")
 @click.option("--json-schema", metavar="DDL", help="Schema of JSON values (e.g. 'order long, note string'); "
               "inferred from a sample when absent.")  # fmt: skip
 @click.option("--include-local-tail", is_flag=True,
@@ -143,7 +158,8 @@ def _progress_until(spark: object, done: threading.Event) -> None:
               "request; past it the export exits 1, before Spark starts.")  # fmt: skip
 @config_option
 def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, incremental: bool, value_format: str,
-           value_subject: str | None, json_schema: str | None, include_local_tail: bool, master: str,
+           value_subject: str | None, key_format: str, key_subject: str | None, json_schema: str | None,
+           include_local_tail: bool, master: str,
            confs: tuple[str, ...], show: int,
            config_file: Path | None, timeout: float) -> None:  # fmt: skip
     """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading them from the object store.
@@ -174,6 +190,9 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
     from reader.spark.session import export_session
     from tiering_core.spark_jars import spark_jars
 
+    asked = (("value", value_format, value_subject), ("key", key_format, key_subject))
+    subjects = {what: subject or f"{topic}-{what}" for what, form, subject in asked if form == "avro"}
+    schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True))
     request = ExportRequest(
         topic=topic, format=fmt, path=path, store=settings.remote_storage,  # type: ignore[arg-type]
         starting=starting, ending=ending, starting_timestamp=start_ts, ending_timestamp=end_ts,
@@ -181,9 +200,8 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
         local_tail_client=client_properties(settings.kafka_client) if include_local_tail else {},
         log_starts=user_log_starts(config_file, topic, timeout),
-        value_subject=value_subject,
-        value_schemas=value_schemas(settings, value_subject or f"{topic}-value", timeout) if value_format == "avro"
-        else (),
+        value_subject=value_subject, value_schemas=schemas.get("value", ()),
+        key_format=key_format, key_subject=key_subject, key_schemas=schemas.get("key", ()),  # type: ignore[arg-type]
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
