@@ -34,6 +34,7 @@ POINTS = {
     "snapshot.written": "a snapshot's temp file is written and synced, not renamed into place yet",
     "snapshot.local": "the local snapshot is in place, its remote copy not written yet",
     "snapshot.remote": "the remote copy is written, old remote snapshots not pruned yet",
+    "export.files_written": "an Iceberg export run's files are written, its snapshot not committed yet",
 }
 
 

@@ -23,12 +23,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from reader.spark.iceberg_output import IcebergOutput
 from reader.spark.listing import list_remote_partitions
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput, new_run_id
 from reader.spark.planning import PartitionRange
 from reader.spark.registry_avro import decode_registry_avro
 from reader.spark.source import NAME, plan, shared_store
+from tiering_core.crash_points import crash_point
 from tiering_core.errors import ConfigError
 from tiering_core.logs import get_logger
 from tiering_core.schema_registry import RegisteredSchema
@@ -45,7 +47,7 @@ NOT_JSON = "value is not a JSON object of the schema"
 @dataclass(frozen=True)
 class ExportRequest:
     topic: str
-    format: Literal["parquet", "delta"]
+    format: Literal["parquet", "delta", "iceberg"]
     path: str
     store: AnyStoreConfig
     starting: dict[int, int] = field(default_factory=dict)  # partition -> first offset (inclusive); -1: all
@@ -60,6 +62,8 @@ class ExportRequest:
     key_format: Literal["binary", "avro"] = "binary"
     key_subject: str | None = None  # avro: the registry subject of the keys (default <topic>-key)
     key_schemas: tuple[RegisteredSchema, ...] = ()
+    catalog: str | None = None  # iceberg: the pyiceberg catalog's name (path is then the table's identifier)
+    catalog_properties: dict[str, str] = field(default_factory=dict)  # iceberg: beside pyiceberg's own config
     local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
     local_tail_client: dict[str, str] = field(default_factory=dict)  # their librdkafka properties (security...)
     # topic id -> partition -> a user's delete_records log start (recorded by the sidecar): records below are
@@ -110,16 +114,22 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
         raise ConfigError(f"no schema of subject {request.value_subject or request.topic + '-value'} in the registry")
     if request.key_format == "avro" and not request.key_schemas:
         raise ConfigError(f"no schema of subject {request.key_subject or request.topic + '-key'} in the registry")
-    if request.format not in ("parquet", "delta"):
-        raise ConfigError(f"unknown export format {request.format!r}: parquet or delta")
+    if request.format not in ("parquet", "delta", "iceberg"):
+        raise ConfigError(f"unknown export format {request.format!r}: parquet, delta or iceberg")
+    if request.format == "iceberg" and not request.catalog:
+        raise ConfigError("an Iceberg export needs the catalog's name (--catalog) and the table as --path ns.table")
     parquet = ParquetOutput(request.path, request.topic) if request.format == "parquet" else None
-    if parquet is not None:
-        removed = parquet.remove_uncommitted()
+    iceberg = None
+    if request.format == "iceberg":
+        iceberg = IcebergOutput(request.catalog or "", request.path, request.topic, request.catalog_properties)
+    output = parquet or iceberg  # the formats whose commits this module keeps (Delta keeps its own)
+    if output is not None:
+        removed = output.remove_uncommitted()
         if removed:
             log.warning("removed files of an export run that never committed", path=request.path, files=len(removed))
     previous: dict[int, int] = {}
     if request.incremental:
-        previous = parquet.committed_ends() if parquet is not None else _delta_committed_ends(spark, request)
+        previous = output.committed_ends() if output is not None else _delta_committed_ends(spark, request)
     ranges = planned_ranges(request, previous)
     wanted = [r for r in ranges if r.last >= r.first]
     if not wanted:
@@ -143,6 +153,8 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
         df = decode_registry_avro(df, "value", subject, list(request.value_schemas), {*KAFKA_COLUMNS, *df.columns})
     ranges_json = {str(r.partition): [r.first, r.last] for r in wanted}
     topic_id = wanted[0].topic_id
+    if iceberg is not None:
+        return _write_iceberg(spark, df, iceberg, topic_id, ranges, wanted)
     if parquet is not None:
         run_id = new_run_id()
         try:
@@ -213,6 +225,27 @@ def flatten_json(spark: SparkSession, df: DataFrame, schema_ddl: str | None) -> 
     taken = {*df.columns, "_corrupt"}
     columns = [parsed[f.name].alias(f"value_{f.name}" if f.name in taken else f.name) for f in fields]
     return df.select(*df.columns, *columns, corrupt.cast(StringType()).alias("_corrupt"))
+
+
+def _write_iceberg(spark: SparkSession, df: DataFrame, output: IcebergOutput, topic_id: str,
+                   ranges: list[PartitionRange], wanted: list[PartitionRange]) -> ExportResult:  # fmt: skip
+    """Spark writes the run's files (one Kafka partition and UTC day per file, timestamps in microseconds)
+    into a directory of the run's own under the table's location; one pyiceberg snapshot adds them."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    rows = df.drop("date")
+    table = output.ensure_table(to_arrow_schema(rows.schema, timezone="UTC"))
+    run_id = new_run_id()
+    previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    try:
+        (rows.withColumn("__p", F.col("partition")).withColumn("__d", utc_date(F.col("timestamp")))
+         .write.mode("error").partitionBy("__p", "__d").parquet(output.run_dir(table, run_id)))  # fmt: skip
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", previous or "INT96")
+    crash_point("export.files_written")
+    files, count = output.commit(table, run_id, topic_id, {r.partition: r.last for r in wanted})
+    return ExportResult(ranges, count, files > 0, run_id)
 
 
 def _write_delta(spark: SparkSession, df: DataFrame, request: ExportRequest, topic_id: str,

@@ -120,9 +120,12 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 
 @click.command("export")
 @click.argument("topic")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "delta"]), default="parquet", show_default=True,
-              help="Output table format.")  # fmt: skip
-@click.option("--path", "path", required=True, help="Output directory (local path or a URI Spark and pyarrow know).")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "delta", "iceberg"]), default="parquet",
+              show_default=True, help="Output table format.")  # fmt: skip
+@click.option("--path", "path", required=True, help="Output directory (local path or a URI Spark and pyarrow "
+              "know); for iceberg the table's identifier, namespace.table.")  # fmt: skip
+@click.option("--catalog", metavar="NAME", help="iceberg: the catalog, configured as pyiceberg names them "
+              "(~/.pyiceberg.yaml or PYICEBERG_CATALOG__NAME__URI ...: a SQL catalog, a REST catalog).")  # fmt: skip
 @click.option("--from", "from_", metavar="POSITION", help="Start (inclusive): offset, p:offset,..., ISO time or @ms.")
 @click.option("--to", "to", metavar="POSITION", help="End (exclusive): offset, p:offset,..., ISO time or @ms.")
 @click.option("--incremental", is_flag=True, help="Export only what was tiered since the last run, exactly once.")
@@ -157,12 +160,11 @@ def _progress_until(spark: object, done: threading.Event) -> None:
               metavar="SECONDS", help="How long the Kafka cluster may take to answer the driver's first metadata "
               "request; past it the export exits 1, before Spark starts.")  # fmt: skip
 @config_option
-def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, incremental: bool, value_format: str,
-           value_subject: str | None, key_format: str, key_subject: str | None, json_schema: str | None,
-           include_local_tail: bool, master: str,
-           confs: tuple[str, ...], show: int,
+def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | None, to: str | None,
+           incremental: bool, value_format: str, value_subject: str | None, key_format: str, key_subject: str | None,
+           json_schema: str | None, include_local_tail: bool, master: str, confs: tuple[str, ...], show: int,
            config_file: Path | None, timeout: float) -> None:  # fmt: skip
-    """Export TOPIC's tiered segments to Parquet or Delta with Spark, reading them from the object store.
+    """Export TOPIC's tiered segments to Parquet, Delta or Iceberg with Spark, reading them from the object store.
 
     No broker data is read (unless --include-local-tail): the segments come from the remote store of the
     sidecar configuration (--config); the driver reads the tiering metadata from its Kafka cluster for the
@@ -183,7 +185,9 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--conf")
         conf[key] = value
-    if "://" not in path:
+    if fmt == "iceberg" and not catalog:
+        raise click.BadParameter("an Iceberg export needs the catalog's name", param_hint="--catalog")
+    if "://" not in path and fmt != "iceberg":
         path = os.path.abspath(path)
 
     from reader.spark.export import ExportRequest, planned_ranges, run_export
@@ -192,7 +196,8 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
 
     asked = (("value", value_format, value_subject), ("key", key_format, key_subject))
     subjects = {what: subject or f"{topic}-{what}" for what, form, subject in asked if form == "avro"}
-    schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True))
+    schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True)) if (
+        subjects) else {}  # fmt: skip
     request = ExportRequest(
         topic=topic, format=fmt, path=path, store=settings.remote_storage,  # type: ignore[arg-type]
         starting=starting, ending=ending, starting_timestamp=start_ts, ending_timestamp=end_ts,
@@ -202,6 +207,7 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         log_starts=user_log_starts(config_file, topic, timeout),
         value_subject=value_subject, value_schemas=schemas.get("value", ()),
         key_format=key_format, key_subject=key_subject, key_schemas=schemas.get("key", ()),  # type: ignore[arg-type]
+        catalog=catalog,
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
@@ -228,7 +234,7 @@ def export(topic: str, fmt: str, path: str, from_: str | None, to: str | None, i
         "run": result.run_id,
         "ranges": {str(r.partition): [r.first, r.last] for r in result.ranges if r.last >= r.first},
     }  # fmt: skip
-    if show:
+    if show and fmt != "iceberg":
         reader = spark.read.format("delta") if fmt == "delta" else spark.read
         reader.load(path).orderBy("partition", "offset").limit(show).show(show, truncate=40)
     click.echo(json.dumps(summary))
