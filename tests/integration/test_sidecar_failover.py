@@ -17,6 +17,7 @@ from tests.conftest import create_topic
 from tests.integration.test_sidecar_policies import cli
 from tests.sidecar_harness import decoded_offsets, settings, sidecars_running, wait_for, write_config
 from tiering.sidecar.context import SidecarContext
+from tiering_core.kafka_cluster import KafkaClusterError
 from tiering_core.objects import SegmentRef
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -84,8 +85,18 @@ def test_new_leader_continues_from_remote_end_and_old_leader_is_fenced(stack3: E
             sidecars[old_leader].stop()
             ry_at_failover = observer.manager.partition_state(topic_id, 0).remote_end_offset
             produce(stack3.bootstrap, topic, 20_000, 10_000, produced)
-            new_leader = observer.cluster.topics([topic])[topic].partitions[0].leader
-            assert new_leader not in (None, old_leader)
+            # the controller may still be settling after the broker left (the stop no longer waits a request
+            # timeout per remaining operation): ask until it answers with a new leader
+            leaders: list[int | None] = []
+
+            def led_elsewhere() -> bool:
+                try:
+                    leaders.append(observer.cluster.topics([topic])[topic].partitions[0].leader)
+                except KafkaClusterError:
+                    return False
+                return leaders[-1] not in (None, old_leader)
+
+            wait_for(led_elsewhere, 120, "a new leader of the partition")
             wait_for(
                 lambda: observer.manager.partition_state(topic_id, 0).remote_end_offset > ry_at_failover + 5_000,
                 240, "the new leader's sidecar to continue the uploads",
