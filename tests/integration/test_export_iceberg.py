@@ -49,7 +49,10 @@ def table_digests(props: dict[str, str], identifier: str) -> tuple[dict[int, str
 
 
 def test_iceberg_export_then_incremental_runs_hold_every_offset_once(
-    tiered: Tiered, spark: SparkSession, tmp_path: Path, stack: Endpoints  # noqa: F811
+    tiered: Tiered,  # noqa: F811
+    spark: SparkSession,  # noqa: F811
+    tmp_path: Path,
+    stack: Endpoints,
 ) -> None:
     props = catalog_properties(tmp_path)
     identifier = "lake.orders"
@@ -80,7 +83,9 @@ def test_iceberg_export_then_incremental_runs_hold_every_offset_once(
 
 
 def test_a_run_killed_before_its_commit_adds_nothing_and_the_next_run_continues(
-    tiered: Tiered, spark: SparkSession, tmp_path: Path  # noqa: F811
+    tiered: Tiered,  # noqa: F811
+    spark: SparkSession,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     props = catalog_properties(tmp_path)
     identifier = "lake.killed"
