@@ -67,8 +67,9 @@ class IcebergOutput:
         snapshot = table.current_snapshot() if table is not None else None
         while snapshot is not None:
             summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-            if SUMMARY_KEY in summary:
-                return {int(p): int(o) for p, o in json.loads(summary[SUMMARY_KEY])["ends"].items()}
+            ours = json.loads(summary[SUMMARY_KEY]) if SUMMARY_KEY in summary else None
+            if ours is not None and ours.get("topic") == self.topic:
+                return {int(p): int(o) for p, o in ours["ends"].items()}
             snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         return {}
 
@@ -82,14 +83,14 @@ class IcebergOutput:
                  recursive=True)) if info.is_file and info.base_name.endswith(".parquet")]  # fmt: skip
         if not files:
             return 0, 0
-        merged = {**self.committed_ends(), **ends}
+        merged = self.committed_ends()  # the highest offset per partition over every run, as the Parquet markers
+        for partition, last in ends.items():
+            merged[partition] = max(merged.get(partition, -1), last)
         ends_json = {str(p): o for p, o in merged.items()}
         summary = json.dumps({"topic": self.topic, "topic_id": topic_id, "ends": ends_json})
-        before = table.current_snapshot()
         table.add_files(files, snapshot_properties={SUMMARY_KEY: summary})
-        after = self.catalog.load_table(self.identifier).current_snapshot()
-        rows = int(after.summary.additional_properties.get("added-records", 0)) if after is not before else 0
-        return len(files), rows
+        added = self.catalog.load_table(self.identifier).current_snapshot().summary.additional_properties
+        return len(files), int(added.get("added-records", 0))
 
     def remove_uncommitted(self) -> list[str]:
         """Delete the run directories no snapshot references (runs killed before their commit)."""

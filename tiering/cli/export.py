@@ -56,6 +56,8 @@ def registry_versions(
     """Each subject's versions, on the driver before Spark starts: from the registry's REST API when
     ``schema_registry.url`` is set, else from its storage topic on the cluster (read once). A subject with none
     is one sentence (exit 1)."""
+    if not subjects:
+        return []  # neither keys nor values are read with a schema: no registry to ask
     registry = settings.schema_registry
     try:
         if registry.url:
@@ -196,8 +198,7 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
 
     asked = (("value", value_format, value_subject), ("key", key_format, key_subject))
     subjects = {what: subject or f"{topic}-{what}" for what, form, subject in asked if form == "avro"}
-    schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True)) if (
-        subjects) else {}  # fmt: skip
+    schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True))
     request = ExportRequest(
         topic=topic, format=fmt, path=path, store=settings.remote_storage,  # type: ignore[arg-type]
         starting=starting, ending=ending, starting_timestamp=start_ts, ending_timestamp=end_ts,
