@@ -8,11 +8,12 @@ The API, in the order a reader uses it:
   watched topics, followed): topic ids, finished copies, the copy holding an offset, Rx/Ry.
 - ``RemoteReader``: ``locate`` a copy (``SegmentCopy``: manifest, offset index, aborted
   transactions), ``read_range`` of a copy's ``.log``.
+- ``ReadAhead`` (``reader.readahead``): the read core under the two below: a sequential reader's windows,
+  read ahead into the memory pool (hard byte cap, evictable), the next copy located ahead.
 - ``CursorCache(reader, capacity, memory_wait).read(topic, topic_id, partition, offset, max_bytes,
   read_committed)``: whole verified record batches (raw bytes as Kafka wrote them) from the offset on,
   read ahead for the next read at the offset the last one ended (``reader.cursor``).
-- ``PartitionStream(reader, topic, partition, offset)``: sequential decoded reads with read-ahead into
-  the memory pool (hard byte cap), the next segment fetched ahead, read_committed filtering.
+- ``PartitionStream(reader, topic, partition, offset)``: sequential decoded reads, read_committed filtering.
 - ``HotDataPreloader``: started by ``RemoteReader`` when ``hot_data_interval_seconds`` is set; warms the
   disk cache for consumer groups' committed offsets below the broker's log start while idle.
 - ``TieredConsumer``: ``confluent_kafka.Consumer``'s interface; offsets below the broker's log start

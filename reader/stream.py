@@ -1,13 +1,7 @@
 """Sequential reads of one partition's remote data, with read-ahead into the memory pool.
 
-The copy's ``.log`` is read in windows of about ``fetch_window_bytes`` that start and end at batch
-starts the offset index knows (the first one at the index's position for the start offset), so
-windows hold whole batches and are the unit of the memory pool and of the disk cache (keyed by object
-and exact range). Up to ``prefetch_windows`` windows after the one being decoded are downloaded in
-the background while the caller decodes; when the last window of a copy is scheduled, the next copy is
-located and its indexes and first windows are fetched ahead too (Kafka's KIP-1003: signal the next
-segment). Read-ahead takes only free room in the pool and may be evicted; the window the caller needs
-is always downloaded (``MemoryPool``).
+The windows, their read-ahead into the memory pool and the location of the next copy are the read core every
+sequential remote reader shares (``reader/readahead.py``); this module decodes what it downloads.
 
 The download thread also prepares its window: batch CRCs checked and records sections decompressed
 (in C, the GIL released), the decompressed bytes charged to the pool too. The caller's thread only
@@ -23,56 +17,28 @@ decoded batches (records at or after ``position``; control batches never, aborte
 under read_committed), or ``[]`` when the next window is not there yet, when ``tiering topic
 pause-download`` is in force, or when a read_committed reader reached a transaction whose outcome is
 beyond the remote data (``blocked_at``). It raises NotInRemote at the remote end (the caller
-continues from the broker at ``position``), OffsetOutOfRange below the remote start, and the read
-errors of ``RemoteReader``; after an error, calling again retries from ``position``: nothing is
-skipped or delivered twice.
+continues from the broker at ``position``), OffsetOutOfRange below the remote start (or where
+retention deleted the copy being read), and the read errors of ``RemoteReader``; after an error,
+calling again retries from ``position``: nothing is skipped or delivered twice.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import NamedTuple
 
 import crc32c
 
 from reader.batches import check_offsets, complete_prefix, scanned_headers
 from reader.errors import RemoteDataCorrupt
+from reader.readahead import ReadAhead, Window
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import AbortFilter
-from reader.windows import continued_in, windows_from
 from tiering_core.errors import FormatError
 from tiering_core.formats import BatchHeader, Record, RecordBatch, batch_payload, decode_payload_part
-from tiering_core.logs import get_logger
 
-log = get_logger(__name__)
 RecordClass = Callable[[BatchHeader], type[tuple]]  # the tuple type of a batch's records (Record's fields)
-IDLE, LOADING, READY, TAKEN = range(4)
-
-
-class _Window:
-    """Bytes ``[start, end)`` of a copy's ``.log``, and once downloaded its batches prepared ahead."""
-
-    __slots__ = ("copy", "data", "done", "end", "error", "extra", "last", "prepared", "start", "state")
-
-    def __init__(self, copy: SegmentCopy, start: int, end: int) -> None:
-        self.copy = copy
-        self.start = start
-        self.end = end
-        self.last = end >= copy.size
-        self.data: bytes | None = None
-        self.prepared: _Prepared | None = None
-        self.extra = 0  # pool bytes held by the prepared payloads
-        self.state = IDLE
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
 
 
 # Records decoded per read(): the first ones are delivered before a window is done, and records live so
@@ -96,7 +62,7 @@ class _Decoding:
 
     __slots__ = ("base", "data", "head", "headers", "next", "payloads", "slicing", "view", "whole")
 
-    def __init__(self, head: _Window, data: bytes, whole: int, base: int, headers: list[BatchHeader],
+    def __init__(self, head: Window, data: bytes, whole: int, base: int, headers: list[BatchHeader],
                  payloads: list[bytes | FormatError | None]) -> None:  # fmt: skip
         self.head, self.data, self.whole, self.base = head, data, whole, base
         self.view = memoryview(data)[:whole]
@@ -138,17 +104,13 @@ class PartitionStream:
         self.record_class = record_class
         self.blocked_at: int | None = None
         self.download_paused = False
-        self.width = reader.settings.fetch_window_bytes
-        self.ahead = reader.settings.prefetch_windows
         self.pool = reader.pool
-        self.windows: deque[_Window] = deque()
+        self.windows = ReadAhead(reader, self._prepare)
         self.copy: SegmentCopy | None = None
         self.filter: AbortFilter | None = None
         self.carry = b""
         self.last_seen = -1
         self.crc: _ObjectCrc | None = None
-        self.lock = threading.Lock()
-        self.next_job: Future | None = None
         self.current: _Decoding | None = None  # the window being decoded
         self.closed = False
 
@@ -161,14 +123,11 @@ class PartitionStream:
             self._drop_windows()
             return []
         if self.current is None:
-            if self.copy is None:
-                self._begin(self.reader.locate(self.topic, self.partition, self.position))
-            self._fill()
-            head = self.windows[0]
-            if head.state == LOADING and not head.done.wait(timeout):
-                return []
             try:
-                self.current = self._open(head, self._take(head))
+                self._head()
+                if not self.windows.ready(timeout):
+                    return []
+                self.current = self._open(self.windows.take())
             except BaseException as exc:
                 self._failed(exc)  # the next read starts afresh at ``position``
                 raise
@@ -178,6 +137,19 @@ class PartitionStream:
             self._failed(exc)
             raise
 
+    def _head(self) -> Window:
+        """The window to decode next (planned from the copy holding ``position`` when none is), its copy entered."""
+        head = self.windows.head()
+        if head is None:
+            copy = self.reader.locate(self.topic, self.partition, self.position)
+            self.windows.begin(copy, copy.position_for(self.position))
+            head = self.windows.head()
+            assert head is not None
+        if head.copy is not self.copy:
+            self._enter(head.copy, head.start)
+        self.windows.fill()
+        return head
+
     def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, RemoteDataCorrupt):
             self.reader.damaged(exc.key)
@@ -185,15 +157,8 @@ class PartitionStream:
 
     def close(self) -> None:
         self.closed = True
-        self._drop_windows()
-
-    # -- windows --------------------------------------------------------------------------------
-    def _begin(self, copy: SegmentCopy) -> None:
-        self._drop_windows()
-        with self.lock:
-            start = copy.position_for(self.position)
-            self.windows.extend(_Window(copy, w.start, w.end) for w in windows_from(copy, start, self.width))
-        self._enter(copy, start)
+        self.current = None
+        self.windows.close()
 
     def _enter(self, copy: SegmentCopy, start: int) -> None:
         """The head window now belongs to ``copy``: reset per-copy state."""
@@ -205,63 +170,13 @@ class PartitionStream:
         self.position = max(self.position, copy.base_offset)
         self.filter = AbortFilter(self.reader.transactions(copy), self.position) if self.read_committed else None
 
-    def _fill(self) -> None:
-        """Schedule read-ahead downloads into free pool room; locate the next copy when this one is all planned."""
-        with self.lock:
-            if self.closed or not self.windows:
-                return
-            planned = list(self.windows)[: self.ahead + 1]
-            for w in planned:
-                if w.state == IDLE and w.error is None:
-                    if not self.pool.try_reserve(w.size):
-                        break
-                    w.state = LOADING
-                    w.done.clear()
-                    self.reader.executor.submit(self._download, w)
-            tail = self.windows[-1]
-            if len(self.windows) <= self.ahead and tail.last and self.next_job is None:
-                self.next_job = self.reader.executor.submit(self._plan_next, tail.copy)
-
-    def _plan_next(self, copy: SegmentCopy) -> None:
-        try:
-            following = self.reader.next_copy(copy)
-        except Exception as exc:  # read-ahead only: the caller meets the error itself when it gets there
-            log.warning("locating the next copy ahead failed", topic=self.topic, partition=self.partition,
-                        error=str(exc))  # fmt: skip
-            following = None
-        with self.lock:
-            if following is not None and self.windows and self.windows[-1].copy is copy:
-                planned = continued_in(following, copy, self.width)
-                self.windows.extend(_Window(following, w.start, w.end) for w in planned)
-            self.next_job = None
-        if following is not None:
-            self._fill()
-
-    def _download(self, w: _Window) -> None:
-        try:
-            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=True)
-        except BaseException as exc:
-            with self.pool.cond:
-                w.error, w.state = exc, IDLE
-                self.pool.release(w.size)
-            w.done.set()
-            return
-        prepared, extra = self._prepare(w.copy.log_key, data, w.start)
-        with self.pool.cond:
-            if self.closed:
-                w.state = IDLE
-                self.pool.release(w.size + extra)
-            else:
-                w.data, w.prepared, w.extra, w.state = data, prepared, extra, READY
-                self.pool.mark_evictable(id(w), w.size + extra, lambda: self._evict(w))
-        w.done.set()
-
-    def _prepare(self, key: str, data: bytes, start: int) -> tuple[_Prepared | None, int]:
+    def _prepare(self, copy: SegmentCopy, data: bytes, start: int) -> tuple[_Prepared | None, int]:
         """On the download thread, ahead of the decoder: the window's batch headers, each batch's CRC-32C
         checked and its records section decompressed, as long as the pool has room for them (with the
         bytes they take in the pool). Assumes the window starts at a batch boundary; when it does not (a
         batch carried over from the window before), the decoder ignores all this. Errors are left for the
         decoder to find again (or take from the payloads), at its turn, in order."""
+        key = copy.log_key
         try:
             whole = complete_prefix(key, data, start)
             view = memoryview(data)[:whole]
@@ -286,61 +201,19 @@ class PartitionStream:
             payloads[i] = payload
         return _Prepared(whole, headers, payloads), extra
 
-    def _evict(self, w: _Window) -> bool:
-        """Called by the pool (its lock held): drop read-ahead data not taken yet."""
-        if w.state != READY:
-            return False
-        w.data, w.prepared, w.state = None, None, IDLE
-        self.pool.release(w.size + w.extra)
-        w.extra = 0
-        return True
-
-    def _take(self, w: _Window) -> bytes:
-        """The head window's bytes, downloaded now if read-ahead did not (or was evicted); its pool bytes
-        stay reserved until the caller releases them."""
-        self.pool.unmark(id(w))
-        with self.pool.cond:
-            if w.state == READY:
-                w.state = TAKEN
-                data = w.data
-                w.data = None
-                assert data is not None
-                return data
-            error, w.error = w.error, None
-        if error is not None:
-            raise error
-        self.pool.reserve(w.size)
-        try:
-            data = self.reader.read_range(w.copy, w.start, w.end, cacheable=True)
-        except BaseException:
-            self.pool.release(w.size)
-            raise
-        w.state = TAKEN
-        return data
-
     def _drop_windows(self) -> None:
-        if self.current is not None:
-            self._release(self.current.head)
-            self.current = None
-        with self.lock:
-            windows, self.windows = list(self.windows), deque()
-            self.copy = None
-        for w in windows:
-            self.pool.unmark(id(w))
-            with self.pool.cond:
-                self._evict(w)
+        """Forget every window, the one being decoded too (planned afresh from ``position`` next time)."""
+        self.current = None
+        self.windows.clear()
+        self.copy = None
 
     # -- decoding -------------------------------------------------------------------------------
-    def _release(self, w: _Window) -> None:
-        """Free a taken window's pool bytes (its data and prepared payloads)."""
-        self.pool.release(w.size + w.extra)
-        w.extra = 0
-        w.prepared = None
-
-    def _open(self, head: _Window, data: bytes) -> _Decoding:
+    def _open(self, head: Window) -> _Decoding:
         """Check the window (with the carried partial batch before it) and list its whole batches."""
         copy = head.copy
         key = copy.log_key
+        data = head.data
+        assert data is not None
         if self.crc is not None:  # in order, on this thread, without releasing the GIL (no wait to get it back)
             self.crc.value = crc32c.crc32c(data, self.crc.value, gil_release_mode=0)
             if head.last and self.crc.value != copy.manifest.log_crc32c:
@@ -432,20 +305,15 @@ class PartitionStream:
         return _Slicing(h, payload, Record if self.record_class is None else self.record_class(h))
 
     def _finish(self, cur: _Decoding) -> None:
-        """The window is decoded: keep its partial last batch, free its pool bytes, move to the next copy."""
+        """The window is decoded: keep its partial last batch, free its pool bytes (its copy is done after its
+        last window: the next read enters the next one)."""
         head, copy = cur.head, cur.head.copy
         if cur.headers:
             self.last_seen = cur.headers[-1].last_offset
         self.carry = cur.data[cur.whole :]
         self.current = None
-        self._release(head)
-        with self.lock:
-            self.windows.popleft()
-            following = self.windows[0] if self.windows else None
+        self.windows.pop()
         if head.last:
             self.position = max(self.position, copy.end_offset + 1)
-            if following is not None and following.copy is not copy:
-                self._enter(following.copy, following.start)
-            else:
-                self.copy = None
-        self._fill()
+            self.copy = None
+        self.windows.fill()
