@@ -56,6 +56,32 @@ class SchemaRegistrySettings(BaseModel):
         return config
 
 
+# the export's name for each registry schema type (``--value-format``)
+EXPORT_FORMATS = {"AVRO": "avro", "JSON": "json-schema", "PROTOBUF": "protobuf"}
+DECODED_FORMATS = ("avro", "json-schema")
+
+
+def export_format(subject: str, versions: Iterable[RegisteredSchema], asked: str) -> str:
+    """How an export decodes values of ``subject``: ``asked`` (avro, json-schema), or with ``auto`` the schema
+    type of its versions (a registry refuses to change a subject's type under its compatibility rules).
+    Raises ConfigError, before any work, when the subject has no schema of that type, mixes types under
+    ``auto``, or holds Protobuf schemas (not decoded yet)."""
+    kinds = sorted({EXPORT_FORMATS.get(v.schema_type, v.schema_type.lower()) for v in versions})
+    chosen = asked
+    if asked == "auto":
+        if len(kinds) != 1:
+            raise ConfigError(f"subject {subject} has versions of several schema types ({', '.join(kinds)}): "
+                              "name the one to decode with --value-format or --key-format")  # fmt: skip
+        chosen = kinds[0]
+    if chosen not in kinds:
+        raise ConfigError(f"subject {subject} has no {chosen} schema in the registry (its versions: "
+                          f"{', '.join(kinds) or 'none'})")  # fmt: skip
+    if chosen not in DECODED_FORMATS:
+        raise ConfigError(f"subject {subject} holds {chosen} schemas, which the export does not decode yet: "
+                          "export these bytes as they are (binary)")  # fmt: skip
+    return chosen
+
+
 class SchemaRegistryError(TieringError):
     """The registry, or its storage topic, could not be read or holds something that is not a schema record
     (the message names where). Nothing was exported."""

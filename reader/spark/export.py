@@ -29,6 +29,7 @@ from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput, new_run_id
 from reader.spark.planning import PartitionRange
 from reader.spark.registry_avro import decode_registry_avro
+from reader.spark.registry_json import decode_registry_json
 from reader.spark.source import NAME, plan, shared_store
 from tiering_core.crash_points import crash_point
 from tiering_core.errors import ConfigError
@@ -38,6 +39,8 @@ from tiering_core.stores.config import AnyStoreConfig
 
 log = get_logger(__name__)
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
+# the schema registry's formats: how a column of each becomes typed columns
+REGISTRY_FORMATS = {"avro": decode_registry_avro, "json-schema": decode_registry_json}
 APP_PREFIX = "kafka_tiered"
 EVERY_PARTITION = -1
 NOT_UTF8 = "value is not UTF-8 text"  # _corrupt: why a value gave no JSON fields (the raw bytes stay in value)
@@ -55,12 +58,14 @@ class ExportRequest:
     starting_timestamp: int | None = None
     ending_timestamp: int | None = None
     incremental: bool = False
-    value_format: Literal["binary", "json", "avro"] = "binary"
+    value_format: Literal["binary", "json", "avro", "json-schema"] = "binary"
     json_schema: str | None = None  # DDL; inferred from a sample when None
-    value_subject: str | None = None  # avro: the registry subject of the values (default <topic>-value)
-    value_schemas: tuple[RegisteredSchema, ...] = ()  # avro: the subject's versions, read on the driver
-    key_format: Literal["binary", "avro"] = "binary"
-    key_subject: str | None = None  # avro: the registry subject of the keys (default <topic>-key)
+    # avro, json-schema: the registry subject of the values (default <topic>-value) and its versions, read on the
+    # driver
+    value_subject: str | None = None
+    value_schemas: tuple[RegisteredSchema, ...] = ()
+    key_format: Literal["binary", "avro", "json-schema"] = "binary"
+    key_subject: str | None = None  # the registry subject of the keys (default <topic>-key)
     key_schemas: tuple[RegisteredSchema, ...] = ()
     catalog: str | None = None  # iceberg: the pyiceberg catalog's name (path is then the table's identifier)
     catalog_properties: dict[str, str] = field(default_factory=dict)  # iceberg: beside pyiceberg's own config
@@ -110,9 +115,9 @@ def _expand(offsets: dict[int, int], partitions: list[int]) -> dict[int, int]:
 
 def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     """Run one export. Raises before any Spark work for bad input; a failed job commits nothing."""
-    if request.value_format == "avro" and not request.value_schemas:
+    if request.value_format in REGISTRY_FORMATS and not request.value_schemas:
         raise ConfigError(f"no schema of subject {request.value_subject or request.topic + '-value'} in the registry")
-    if request.key_format == "avro" and not request.key_schemas:
+    if request.key_format in REGISTRY_FORMATS and not request.key_schemas:
         raise ConfigError(f"no schema of subject {request.key_subject or request.topic + '-key'} in the registry")
     if request.format not in ("parquet", "delta", "iceberg"):
         raise ConfigError(f"unknown export format {request.format!r}: parquet, delta or iceberg")
@@ -137,8 +142,8 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     df = _frame(spark, request, wanted)
     if request.value_format == "json":
         df = flatten_json(spark, df, request.json_schema)
-    if request.key_format == "avro":  # key fields as key_<field>, a scalar key typed in place
-        df = decode_registry_avro(
+    if request.key_format in REGISTRY_FORMATS:  # key fields as key_<field>, a scalar key typed in place
+        df = REGISTRY_FORMATS[request.key_format](
             df,
             "key",
             request.key_subject or f"{request.topic}-key",
@@ -148,9 +153,10 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
             corrupt="_key_corrupt",
             error_column="_key_error",
         )
-    if request.value_format == "avro":
+    if request.value_format in REGISTRY_FORMATS:
         subject = request.value_subject or f"{request.topic}-value"
-        df = decode_registry_avro(df, "value", subject, list(request.value_schemas), {*KAFKA_COLUMNS, *df.columns})
+        df = REGISTRY_FORMATS[request.value_format](df, "value", subject, list(request.value_schemas),
+                                                    {*KAFKA_COLUMNS, *df.columns})  # fmt: skip
     ranges_json = {str(r.partition): [r.first, r.last] for r in wanted}
     topic_id = wanted[0].topic_id
     if iceberg is not None:

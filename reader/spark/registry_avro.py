@@ -19,10 +19,10 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from reader.spark.registry_wire import payload_of, registry_columns, schema_id_of
 from tiering_core.errors import ConfigError
-from tiering_core.schema_registry import HEADER_BYTES, MAGIC, RegisteredSchema
+from tiering_core.schema_registry import RegisteredSchema
 
-NOT_FRAMED = "not in the schema registry's wire format (magic byte 0 and a schema id)"
 _DECODED = "_tiering_decoded"
 
 
@@ -100,46 +100,24 @@ def decode_registry_avro(df: DataFrame, column: str, subject: str, versions: lis
         # field no writer has, whose default every decoded value gets, tells the two apart
         reader = {**reader, "fields": [*reader["fields"], {"name": _DECODED, "type": "boolean", "default": True}]}
     reader_json = json.dumps(reader)
-    raw = F.col(column)
-    framed = (F.length(raw) > HEADER_BYTES - 1) & (F.substring(raw, 1, 1) == F.lit(bytes([MAGIC])))
-    schema_id = F.conv(F.hex(F.substring(raw, 2, 4)), 16, 10).cast("long")
-    payload = F.expr(f"substring(`{column}`, {HEADER_BYTES + 1})")
+    payload = payload_of(column)
+    schema_id = schema_id_of(column)
     decoded: Any = None
     for schema_id_value, version in by_id.items():
         branch = from_avro(payload, version.schema, {"avroSchema": reader_json, "mode": "PERMISSIVE"})
         decoded = F.when(schema_id == schema_id_value, branch) if decoded is None else decoded.when(
             schema_id == schema_id_value, branch)  # fmt: skip
-    known = schema_id.isin(list(by_id))
-    rest = [c for c in df.columns if c != column]
-    # decoded once per row into a column of its own: the checks and the fields below read it
-    staged = df.select(*rest, raw.alias("__raw"), schema_id.alias("__id"), framed.alias("__framed"),
-                       known.alias("__known"), decoded.alias("__value"))  # fmt: skip
-    sid, value = F.col("__id").cast("string"), F.col("__value")
-    # a record that does not decode is a struct of nulls; a scalar that decodes to null is a null of a nullable
-    # schema, or a value that does not decode
-    failed = (value.isNull() | value[_DECODED].isNull()) if record else value.isNull() & F.lit(
-        not _allows_null(reader))  # fmt: skip
-    error: Column = (
-        F.when(F.col("__raw").isNull(), F.lit(None))
-        .when(~F.col("__framed"), F.lit(NOT_FRAMED))
-        .when(~F.col("__known"), F.concat(F.lit("schema id "), sid, F.lit(f" is not a version of subject {subject}")))
-        .when(failed, F.concat(F.lit("does not decode with schema id "), sid))
-    )  # fmt: skip
-    if record:
-        names = {*taken, corrupt, error_column}
-        fields = [f["name"] for f in reader["fields"] if f["name"] != _DECODED]
-        columns = [F.when(error.isNull(), value[name]).alias(_column_name(name, column, prefix, names))
-                   for name in fields]  # fmt: skip
-    else:
-        columns = [F.when(error.isNull(), value).alias(column)]
-    return staged.select(*rest, *columns, F.when(error.isNotNull(), F.col("__raw")).alias(corrupt),
-                         error.cast("string").alias(error_column))  # fmt: skip
 
+    def failed(value: Column) -> Column:
+        # a record that does not decode is a struct of nulls; a scalar that decodes to null is a null of a
+        # nullable schema, or a value that does not decode
+        if record:
+            return value.isNull() | value[_DECODED].isNull()
+        return value.isNull() & F.lit(not _allows_null(reader))
 
-def _column_name(field: str, column: str, prefix: str | None, taken: set[str]) -> str:
-    if prefix is not None:
-        return prefix + field
-    return f"{column}_{field}" if field in taken else field
+    fields = [f["name"] for f in reader["fields"] if f["name"] != _DECODED] if record else None
+    return registry_columns(df, column, subject, list(by_id), decoded, failed, fields, taken, prefix=prefix,
+                            corrupt=corrupt, error_column=error_column)  # fmt: skip
 
 
 def _allows_null(schema: Any) -> bool:

@@ -25,24 +25,20 @@ from typing import Any
 
 import fastavro
 import pytest
-from click.testing import CliRunner
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from pyspark.sql import SparkSession
 
-from deploy.spark_jars import spark_jars
 from deploy.stack import Endpoints
 from reader.spark.export import ExportRequest, run_export
-from reader.spark.registry_avro import NOT_FRAMED
-from reader.spark.session import export_session
+from reader.spark.registry_wire import NOT_FRAMED
 from tests.conftest import create_topic
 from tests.export_readers import exported_rows
-from tests.integration.test_spark_export import tier_everything_rolled
+from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark
 from tests.sidecar_harness import settings, write_config
 from tiering.bench.registry_values import framed as framed_with
 from tiering.bench.registry_values import storage_record
-from tiering.cli.main import main
 from tiering_core.schema_registry import schemas_from_registry, schemas_from_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -168,18 +164,13 @@ def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Writt
         if n % 1000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
-    enabled = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(1 << 20),
-                                        "--config", str(out.config)])  # fmt: skip
-    assert enabled.exit_code == 0, enabled.output
-    tier_everything_rolled(out.config, topic)
+    enable_and_tier(out.config, topic)
     return out
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = export_session("local[2]", spark_jars(), app_name="avro export tests")
-    yield session
-    session.stop()
+    yield from local_spark("avro export tests")
 
 
 def expected_row(doc: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -264,13 +255,7 @@ def test_avro_values_become_typed_columns_in_parquet(written: Written, spark: Sp
 
 def test_the_cli_exports_avro_to_delta_from_the_registry_topic(written: Written, tmp_path: Path) -> None:
     path = tmp_path / "delta"
-    run = subprocess.run(
-        [sys.executable, "-m", "tiering", "export", written.topic, "--format", "delta", "--path", str(path),
-         "--value-format", "avro", "--key-format", "avro", "--master", "local[2]", "--config", str(written.config)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    summary = cli_export(written.topic, "delta", path, written.config, "--value-format", "avro", "--key-format", "avro")
     check(str(path), "delta", written, summary["ranges"]["0"][1])
     check_keys(str(path), "delta", written)
 

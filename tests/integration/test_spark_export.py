@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -123,24 +124,45 @@ def tier_everything_rolled(config: Path, topic: str) -> None:
         sidecar.close()
 
 
+def enable_and_tier(config: Path, topic: str) -> None:
+    """Enable tiering of ``topic`` (1 MiB of local retention); run the sidecar until its rolled segments are copied."""
+    enabled = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(1 << 20),
+                                        "--config", str(config)])  # fmt: skip
+    assert enabled.exit_code == 0, enabled.output
+    tier_everything_rolled(config, topic)
+
+
+def cli_export(topic: str, fmt: str, path: Path, config: Path, *options: str) -> dict[str, Any]:
+    """``tiering export`` in a process of its own (``local[2]``); its JSON summary."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tiering", "export", topic, "--format", fmt, "--path", str(path), *options,
+         "--master", "local[2]", "--config", str(config)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def local_spark(app_name: str) -> Iterator[SparkSession]:
+    """A module's Spark session (``local[2]``, the export's jars), stopped after its tests."""
+    session = export_session("local[2]", spark_jars(), app_name=app_name)
+    yield session
+    session.stop()
+
+
 @pytest.fixture(scope="module")
 def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Tiered:
     topic = create_topic(stack.bootstrap, internal_segment_bytes=128 * 1024)
     produced = produce_mixed(stack.bootstrap, topic, 15_000)
     produce_json_filler(stack.bootstrap, topic, 4_000, 0, produced)
     config = write_config(stack, tmp_path_factory.mktemp("export-sidecar"))
-    enabled = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(1 << 20),
-                                        "--config", str(config)])  # fmt: skip
-    assert enabled.exit_code == 0, enabled.output
-    tier_everything_rolled(config, topic)
+    enable_and_tier(config, topic)
     return Tiered(topic, config, settings(config), produced)
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = export_session("local[2]", spark_jars(), app_name="export tests")
-    yield session
-    session.stop()
+    yield from local_spark("export tests")
 
 
 def spark_digests(spark: SparkSession, path: str, fmt: str) -> dict[int, str]:

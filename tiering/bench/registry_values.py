@@ -22,9 +22,12 @@ def framed(schema_id: int, parsed_schema: Any, record: dict[str, Any]) -> bytes:
     return out.getvalue()
 
 
-def storage_record(subject: str, version: int, schema_id: int, schema: dict[str, Any]) -> tuple[bytes, bytes]:
-    """The key and value a registry writes to its storage topic (``_schemas``) for one version of an Avro
-    subject, as Confluent's registry and Karapace do."""
+def storage_record(subject: str, version: int, schema_id: int, schema: Any,
+                   schema_type: str = "AVRO") -> tuple[bytes, bytes]:  # fmt: skip
+    """The key and value a registry writes to its storage topic (``_schemas``) for one version of a subject, as
+    Confluent's registry and Karapace do (``schemaType`` only when not Avro)."""
     key = {"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1}
     value = {"subject": subject, "version": version, "id": schema_id, "schema": json.dumps(schema), "deleted": False}
+    if schema_type != "AVRO":
+        value["schemaType"] = schema_type
     return json.dumps(key).encode(), json.dumps(value).encode()

@@ -16,9 +16,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tiering.cli.common import DEFAULT_TIMEOUT_SECONDS, check_cluster, config_option, settings_from
 from tiering.config import SidecarSettings
-from tiering_core.errors import TieringError
+from tiering_core.errors import ConfigError, TieringError
 from tiering_core.kafka_client import client_properties
-from tiering_core.schema_registry import RegisteredSchema, schemas_from_registry, schemas_from_topic
+from tiering_core.schema_registry import (
+    DECODED_FORMATS,
+    RegisteredSchema,
+    export_format,
+    schemas_from_registry,
+    schemas_from_topic,
+)
 from tiering_core.stores.base import RemoteStoreError
 
 console = Console(stderr=True)
@@ -133,23 +139,27 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 @click.option("--incremental", is_flag=True, help="Export only what was tiered since the last run, exactly once.")
 @click.option(
     "--value-format",
-    type=click.Choice(["binary", "json", "avro"]),
+    type=click.Choice(["binary", "json", "avro", "json-schema", "auto"]),
     default="binary",
     show_default=True,
-    help="json: also flatten JSON values into columns (_corrupt says why a value gave none). avro: values "
-    "in the schema registry's wire format as typed columns, by the subject's schemas (settings: "
-    "schema_registry); a value that does not decode keeps its bytes in _corrupt, the reason in _error.",
+    help="json: also flatten JSON values into columns (_corrupt says why a value gave none). avro, json-schema: "
+    "values in the schema registry's wire format as typed columns, by the subject's schemas (settings: "
+    "schema_registry); a value that does not decode keeps its bytes in _corrupt, the reason in _error. auto: "
+    "avro or json-schema, as the subject's schemas are.",
 )
-@click.option("--value-subject", metavar="SUBJECT", help="avro: the values' registry subject [default: TOPIC-value].")
+@click.option("--value-subject", metavar="SUBJECT",
+              help="avro, json-schema, auto: the values' registry subject [default: TOPIC-value].")  # fmt: skip
 @click.option(
     "--key-format",
-    type=click.Choice(["binary", "avro"]),
+    type=click.Choice(["binary", "avro", "json-schema", "auto"]),
     default="binary",
     show_default=True,
-    help="avro: keys in the schema registry's Avro wire format as columns key_<field> (a key that is not a "
-    "record, e.g. a string, stays one typed key column); _key_corrupt and _key_error as for values.",
+    help="avro, json-schema, auto: keys in the schema registry's wire format as columns key_<field> (a key "
+    "that is not a record, e.g. a string, stays one typed key column); _key_corrupt and _key_error as for "
+    "values.",
 )
-@click.option("--key-subject", metavar="SUBJECT", help="avro: the keys' registry subject [default: TOPIC-key].")
+@click.option("--key-subject", metavar="SUBJECT",
+              help="avro, json-schema, auto: the keys' registry subject [default: TOPIC-key].")  # fmt: skip
 @click.option("--json-schema", metavar="DDL", help="Schema of JSON values (e.g. 'order long, note string'); "
               "inferred from a sample when absent.")  # fmt: skip
 @click.option("--include-local-tail", is_flag=True,
@@ -196,9 +206,15 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
     from reader.spark.session import export_session
     from tiering_core.spark_jars import spark_jars
 
-    asked = (("value", value_format, value_subject), ("key", key_format, key_subject))
-    subjects = {what: subject or f"{topic}-{what}" for what, form, subject in asked if form == "avro"}
+    asked = {"value": (value_format, value_subject), "key": (key_format, key_subject)}
+    subjects = {what: subject or f"{topic}-{what}" for what, (form, subject) in asked.items()
+                if form in (*DECODED_FORMATS, "auto")}  # fmt: skip
     schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True))
+    try:
+        formats = {what: export_format(subjects[what], schemas[what], asked[what][0]) for what in subjects}
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    value_format, key_format = formats.get("value", value_format), formats.get("key", key_format)
     request = ExportRequest(
         topic=topic, format=fmt, path=path, store=settings.remote_storage,  # type: ignore[arg-type]
         starting=starting, ending=ending, starting_timestamp=start_ts, ending_timestamp=end_ts,
