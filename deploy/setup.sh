@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian machine (run as root), idempotently:
-# etcd (and kcat, a reader the tests check the access layer with, and promtool) from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
+# etcd (and kcat, a reader the tests check the access layer with, promtool and PostgreSQL) from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
 # built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}); for the
 # containers backend, podman, runc and debootstrap from Debian (the images are built by
 # `tiering dev images`, which .ci/run calls, or on a stack's first start).
@@ -26,6 +26,19 @@ if ! command -v promtool >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled prometheus >/dev/null 2>&1; then
         systemctl disable --now prometheus >/dev/null 2>&1 || echo "setup: could not stop the prometheus service" >&2
+    fi
+fi
+# PostgreSQL: the database of the Iceberg SQL catalog the export's tests commit to (each test starts its own
+# server on 127.0.0.1; the cluster Debian's package creates is stopped, not used).
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+    echo "setup: installing PostgreSQL from Debian (its own cluster stays stopped)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    if command -v pg_lsclusters >/dev/null 2>&1; then
+        pg_lsclusters -h | while read -r version cluster _; do
+            pg_ctlcluster "$version" "$cluster" stop >/dev/null 2>&1 || true
+        done
     fi
 fi
 for tool in java mvn go python3 cargo; do

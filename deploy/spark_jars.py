@@ -17,8 +17,9 @@ def fetch_jars() -> Path:
     binary = ".".join(spark_version.split(".")[:2])
     delta = installed.DELTA_VERSION
     return fetch_pom(
-        POM, installed.jars_dir(), f"Delta {delta} and Spark {spark_version}'s Kafka source jars",
+        POM, installed.jars_dir(), f"the Spark export's jars (Delta {delta}, Spark {spark_version}'s Kafka source...)",
         f"-Dspark.version={spark_version}", f"-Dspark.binary={binary}", f"-Ddelta.version={delta}",
+        f"-Dhadoop.version={installed.hadoop_version()}",
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The jars a Spark export adds to PySpark's own (Delta Lake, Spark's Kafka source, spark-avro): where they are.
+"""The jars a Spark export adds to PySpark's own (Delta Lake, Spark's Kafka source, spark-avro, hadoop-aws): where
+they are.
 
 They are fetched once from Maven Central by the local stack's setup (``deploy/spark_jars.py``, run by
 ``deploy/setup.sh`` and ``tiering dev fetch``) into ``$TIERING_CACHE_DIR`` (default ~/.cache/tiering), or
@@ -34,7 +35,16 @@ def jars_dir() -> Path:
     if configured:
         return Path(configured).expanduser()
     spark_version, _ = pyspark_jars()
-    return cache_dir() / f"spark-{spark_version}-delta-{DELTA_VERSION}-avro"  # -avro: fetched with spark-avro
+    # -avro-s3a: fetched with spark-avro and hadoop-aws (a cache of an older set is fetched again)
+    return cache_dir() / f"spark-{spark_version}-delta-{DELTA_VERSION}-avro-s3a"
+
+
+def hadoop_version() -> str:
+    """The Hadoop version PySpark ships (of its ``hadoop-client-api`` jar): hadoop-aws must be the same."""
+    _, shipped = pyspark_jars()
+    for jar in shipped.glob("hadoop-client-api-*.jar"):
+        return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    raise TieringError(f"PySpark ships no hadoop-client-api jar in {shipped}: cannot choose hadoop-aws's version")
 
 
 def artifact(jar: str) -> str:

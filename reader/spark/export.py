@@ -244,9 +244,13 @@ def _write_iceberg(spark: SparkSession, df: DataFrame, output: IcebergOutput, to
     run_id = new_run_id()
     previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    for key, value in output.hadoop_settings(table).items():
+        hadoop.set(key, value)
+    target = output.spark_path(output.run_dir(table, run_id))
     try:
         (rows.withColumn("__p", F.col("partition")).withColumn("__d", utc_date(F.col("timestamp")))
-         .write.mode("error").partitionBy("__p", "__d").parquet(output.run_dir(table, run_id)))  # fmt: skip
+         .write.mode("error").partitionBy("__p", "__d").parquet(target))  # fmt: skip
     finally:
         spark.conf.set("spark.sql.parquet.outputTimestampType", previous or "INT96")
     crash_point("export.files_written")

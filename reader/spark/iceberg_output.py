@@ -11,6 +11,12 @@ The table is partitioned by Kafka partition (identity) and by the day of the rec
 both), so ``add_files`` reads both from the file's own statistics. Timestamps are written as microseconds
 (Iceberg's type; Spark's default INT96 is not one). A later run that brings new columns (a new schema version)
 adds them to the table schema first.
+
+A warehouse on S3 (``s3://``) is written by Spark through Hadoop's S3 filesystem (``s3a://``, the same objects;
+hadoop-aws is among the export's jars), configured for the table's bucket only from the catalog's own S3
+properties as pyiceberg names them (``s3.endpoint``, ``s3.access-key-id``, ``s3.secret-access-key``,
+``s3.session-token``, ``s3.region``, ``s3.path-style-access``); without keys Hadoop's default credential chain
+applies (environment, instance profile). The run's files are listed and removed through the table's own FileIO.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from pyarrow import fs as pafs
 
 SUMMARY_KEY = "kafka-tiered.ends"
 RUN_PREFIX = "kafka-tiered-"
+# pyiceberg's S3 properties -> Hadoop's s3a options (set per bucket: fs.s3a.bucket.<bucket>.<option>)
+_S3A = {"s3.endpoint": "endpoint", "s3.access-key-id": "access.key", "s3.secret-access-key": "secret.key",
+        "s3.session-token": "session.token", "s3.region": "endpoint.region",
+        "s3.path-style-access": "path.style.access"}  # fmt: skip
 
 
 class IcebergOutput:
@@ -76,9 +86,29 @@ class IcebergOutput:
     def run_dir(self, table: Any, run_id: str) -> str:
         return f"{table.location().rstrip('/')}/data/{RUN_PREFIX}{run_id}"
 
+    def spark_path(self, uri: str) -> str:
+        """Where Spark writes ``uri``: an S3 location through Hadoop's s3a filesystem."""
+        return "s3a://" + uri.removeprefix("s3://") if uri.startswith("s3://") else uri
+
+    def hadoop_settings(self, table: Any) -> dict[str, str]:
+        """Hadoop's options for writing under the table's location: for S3, the catalog's endpoint, keys, region
+        and path style, for that bucket only."""
+        location = table.location()
+        if not location.startswith("s3://"):
+            return {}
+        bucket = location.removeprefix("s3://").split("/", 1)[0]
+        properties = table.io.properties
+        out = {f"fs.s3a.bucket.{bucket}.{option}": str(properties[name]) for name, option in _S3A.items()
+               if properties.get(name) is not None}  # fmt: skip
+        if properties.get("s3.access-key-id"):
+            provider = "Temporary" if properties.get("s3.session-token") else "Simple"
+            out[f"fs.s3a.bucket.{bucket}.aws.credentials.provider"] = (
+                f"org.apache.hadoop.fs.s3a.{provider}AWSCredentialsProvider")  # fmt: skip
+        return out
+
     def commit(self, table: Any, run_id: str, topic_id: str, ends: dict[int, int]) -> tuple[int, int]:
         """Add the run's files in one snapshot with the offsets exported so far; (files, rows) added."""
-        fs, root = pafs.FileSystem.from_uri(self.run_dir(table, run_id))
+        fs, root = _filesystem(table, self.run_dir(table, run_id))
         files = [f"{_scheme(table.location())}{info.path}" for info in fs.get_file_info(pafs.FileSelector(root,
                  recursive=True)) if info.is_file and info.base_name.endswith(".parquet")]  # fmt: skip
         if not files:
@@ -98,7 +128,7 @@ class IcebergOutput:
         if table is None:
             return []
         referenced = {part for path in _data_files(table) for part in path.split("/") if part.startswith(RUN_PREFIX)}
-        fs, data = pafs.FileSystem.from_uri(f"{table.location().rstrip('/')}/data")
+        fs, data = _filesystem(table, f"{table.location().rstrip('/')}/data")
         removed = []
         for info in fs.get_file_info(pafs.FileSelector(data, allow_not_found=True)):
             name = info.base_name
@@ -113,6 +143,16 @@ def _data_files(table: Any) -> list[str]:
     if table.current_snapshot() is None:
         return []
     return [task.file.file_path for task in table.scan().plan_files()]
+
+
+def _filesystem(table: Any, uri: str) -> tuple[pafs.FileSystem, str]:
+    """The table's own filesystem for ``uri`` (its FileIO's: the catalog's S3 settings) and the path in it."""
+    io = table.io
+    by_scheme = getattr(io, "fs_by_scheme", None)
+    if by_scheme is None:  # not pyiceberg's pyarrow FileIO: pyarrow's defaults
+        return pafs.FileSystem.from_uri(uri)
+    scheme, netloc, path = io.parse_location(uri)
+    return by_scheme(scheme, netloc), path
 
 
 def _scheme(location: str) -> str:

@@ -11,14 +11,18 @@ from reader.spark.source import register
 
 def export_session(master: str, jars: list[str], app_name: str = "tiering export",
                    conf: dict[str, str] | None = None) -> SparkSession:  # fmt: skip
-    """Build (or join) the session. ``jars`` are passed with ``spark.jars`` (no download at run time).
+    """Build (or join) the session with ``jars`` (no download at run time): on the driver's class path for a local
+    master, whose executors run in the driver's JVM (``spark.jars`` would copy each jar into the session's
+    temporary directory, 680 MB of them with hadoop-aws's AWS SDK), else with ``spark.jars``, which ships them
+    to the cluster's executors.
 
     Executors import this package the way the driver does: ``PYTHONPATH`` is passed on to them.
     """
+    local = master.startswith("local")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
-        .config("spark.jars", ",".join(jars))
+        .config("spark.driver.extraClassPath" if local else "spark.jars", (os.pathsep if local else ",").join(jars))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.session.timeZone", "UTC")
@@ -26,7 +30,7 @@ def export_session(master: str, jars: list[str], app_name: str = "tiering export
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")
     )
-    if master.startswith("local"):
+    if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     if os.environ.get("PYTHONPATH"):
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])

@@ -1,22 +1,33 @@
-"""Iceberg tables from the remote copies (issue 28, part 2, first step): a SQL catalog (sqlite) with a
-filesystem warehouse; Spark writes the files, pyiceberg commits them. Read back with pyiceberg (to Arrow) and
-with DuckDB over the files the table lists: every committed offset exactly once, equal to what was produced."""
+"""Iceberg tables from the remote copies (issue 28, part 2): a SQL catalog on sqlite with a warehouse on the
+filesystem, and as production runs it, a SQL catalog on PostgreSQL with a warehouse on S3 (the stack's MinIO);
+Spark writes the files, pyiceberg commits them. Read back with
+pyiceberg (to Arrow) and with DuckDB over the files the table lists: every committed offset exactly once, equal
+to what was produced."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
+from pyarrow import fs as pafs
 from pyiceberg.catalog import load_catalog
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyspark.sql import SparkSession
 
+from deploy.errors import StackError
+from deploy.postgres import Postgres, start_postgres
+from deploy.procs import free_port
 from deploy.stack import Endpoints
 from reader.spark.export import ExportRequest, run_export
+from tests.conftest import unavailable
 from tests.integration.test_spark_export import (  # noqa: F401  (the module's fixtures)
     Tiered,
     digest,
@@ -33,12 +44,47 @@ def catalog_properties(tmp: Path) -> dict[str, str]:
     return {"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db", "warehouse": f"file://{tmp}/warehouse"}
 
 
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    try:
+        server = start_postgres(Path(tempfile.mkdtemp(prefix="tiering-pg-")), free_port())
+    except StackError as exc:
+        unavailable("PostgreSQL", exc)
+    yield server
+    server.stop()
+
+
+def s3_catalog_properties(stack: Endpoints, postgres: Postgres) -> dict[str, str]:
+    """A catalog on PostgreSQL whose warehouse is a new prefix of the stack's bucket (pyiceberg's S3 names)."""
+    s3 = stack.s3
+    return {"type": "sql", "uri": postgres.uri,
+            "warehouse": f"s3://{s3.bucket}/iceberg-{uuid.uuid4().hex[:8]}", "s3.endpoint": s3.endpoint_url,
+            "s3.access-key-id": s3.access_key, "s3.secret-access-key": s3.secret_key, "s3.region": s3.region,
+            "s3.path-style-access": "true"}  # fmt: skip
+
+
+def local_copies(table: Any, tmp: Path) -> list[str]:
+    """The files the table lists, as local paths (those on S3 downloaded through the table's own FileIO)."""
+    out = []
+    for i, task in enumerate(table.scan().plan_files()):
+        path = task.file.file_path
+        if path.startswith("file://") or "://" not in path:
+            out.append(path.removeprefix("file://"))
+            continue
+        local = tmp / f"file-{i}.parquet"
+        with table.io.new_input(path).open() as src:
+            local.write_bytes(src.read())
+        out.append(str(local))
+    return out
+
+
 def table_digests(props: dict[str, str], identifier: str) -> tuple[dict[int, str], dict[int, str], Any]:
     """The rows' digests as pyiceberg reads the table and as DuckDB reads the files it lists (each offset once)."""
     table = load_catalog("test", **props).load_table(identifier)
     rows = table.scan(selected_fields=("offset", "key", "value", "headers")).to_arrow().to_pylist()
-    files = [task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()]
-    duck = duckdb.read_parquet(files).select("offset", "key", "value", "headers").to_arrow_table().to_pylist()
+    with tempfile.TemporaryDirectory() as downloads:
+        files = local_copies(table, Path(downloads))
+        duck = duckdb.read_parquet(files).select("offset", "key", "value", "headers").to_arrow_table().to_pylist()
     out = []
     for read in (rows, duck):
         digests = {r["offset"]: digest(r["offset"], r["key"], r["value"],
@@ -48,13 +94,16 @@ def table_digests(props: dict[str, str], identifier: str) -> tuple[dict[int, str
     return out[0], out[1], table
 
 
+@pytest.mark.parametrize("warehouse", ["filesystem", "s3"])  # sqlite and a directory; PostgreSQL and MinIO
 def test_iceberg_export_then_incremental_runs_hold_every_offset_once(
     tiered: Tiered,  # noqa: F811
     spark: SparkSession,  # noqa: F811
     tmp_path: Path,
     stack: Endpoints,
+    postgres: Postgres,
+    warehouse: str,
 ) -> None:
-    props = catalog_properties(tmp_path)
+    props = catalog_properties(tmp_path) if warehouse == "filesystem" else s3_catalog_properties(stack, postgres)
     identifier = "lake.orders"
 
     def export(incremental: bool) -> Any:
@@ -69,6 +118,7 @@ def test_iceberg_export_then_incremental_runs_hold_every_offset_once(
     assert first.rows == len(pyiceberg_rows)
     spec = [(f.name, str(f.transform)) for f in table.spec().fields]
     assert spec == [("partition", "identity"), ("timestamp_day", "day")]
+    assert table.location().startswith(props["warehouse"].split("://")[0] + "://")
 
     for seed in (100_000, 200_000):  # produce more, tier it, export incrementally
         produce_json_filler(stack.bootstrap, tiered.topic, 2_000, seed, tiered.produced)
@@ -82,15 +132,29 @@ def test_iceberg_export_then_incremental_runs_hold_every_offset_once(
     assert export(True).committed is False, "a run with nothing new committed something"
 
 
+def warehouse_files(props: dict[str, str]) -> list[str]:
+    """The Parquet files under the catalog's warehouse, wherever it is (through pyiceberg's own FileIO)."""
+    io = PyArrowFileIO(props)
+    scheme, netloc, root = io.parse_location(props["warehouse"])
+    fs = io.fs_by_scheme(scheme, netloc)
+    found = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    return [f.path for f in found if f.is_file and f.path.endswith(".parquet")]
+
+
+@pytest.mark.parametrize("warehouse", ["filesystem", "s3"])  # sqlite and a directory; PostgreSQL and MinIO
 def test_a_run_killed_before_its_commit_adds_nothing_and_the_next_run_continues(
     tiered: Tiered,  # noqa: F811
     spark: SparkSession,  # noqa: F811
     tmp_path: Path,
+    stack: Endpoints,
+    postgres: Postgres,
+    warehouse: str,
 ) -> None:
-    props = catalog_properties(tmp_path)
+    props = catalog_properties(tmp_path) if warehouse == "filesystem" else s3_catalog_properties(stack, postgres)
     identifier = "lake.killed"
     env = {**os.environ, "TIERING_CRASH_AT": "export.files_written:1",
-           **{f"PYICEBERG_CATALOG__TEST__{k.upper()}": v for k, v in props.items()}}  # fmt: skip
+           **{f"PYICEBERG_CATALOG__TEST__{k.upper().replace('.', '__').replace('-', '_')}": v
+              for k, v in props.items()}}  # fmt: skip
     run = subprocess.run(
         [sys.executable, "-m", "tiering", "export", tiered.topic, "--format", "iceberg", "--catalog", "test",
          "--path", identifier, "--incremental", "--master", "local[2]", "--config", str(tiered.config)],
@@ -99,7 +163,7 @@ def test_a_run_killed_before_its_commit_adds_nothing_and_the_next_run_continues(
     assert run.returncode == -9, run.stderr[-3000:]
     table = load_catalog("test", **props).load_table(identifier)
     assert table.current_snapshot() is None, "the killed run committed"
-    written = list(Path(tmp_path, "warehouse").rglob("*.parquet"))
+    written = warehouse_files(props)
     assert written, "the run was killed before it wrote anything: the test proved nothing"
     result = run_export(spark, ExportRequest(topic=tiered.topic, format="iceberg", path=identifier,
                                              store=tiered.settings.remote_storage, incremental=True,
@@ -107,4 +171,4 @@ def test_a_run_killed_before_its_commit_adds_nothing_and_the_next_run_continues(
     (rng,) = result.ranges
     pyiceberg_rows, duckdb_rows, _ = table_digests(props, identifier)
     assert pyiceberg_rows == duckdb_rows == tiered.committed(rng.last, rng.first)
-    assert not any(p.exists() for p in written), "the killed run's files were left behind"
+    assert not set(written) & set(warehouse_files(props)), "the killed run's files were left behind"
