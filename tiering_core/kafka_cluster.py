@@ -89,6 +89,9 @@ _LEADERSHIP_MOVED = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.UNKNOWN_LEADER_EPOCH,
     KafkaError.LEADER_NOT_AVAILABLE,
+    # "Failed to query partition leaders: No leaders found": the admin client's cached metadata says no leader
+    # (it was refreshed during an election), and it refreshes nothing on its own
+    KafkaError._NOENT,
 }
 
 
@@ -104,7 +107,8 @@ def _not_listed(exc: KafkaClusterError) -> bool:
 
 def _leader_stale(future: Future, timeout: float) -> bool:
     """Whether ``future`` (a ListOffsets answer) failed because the client's idea of the partition's leader
-    may be out of date: the old leader answered that it no longer leads, or nobody answered. The second is
+    may be out of date: the old leader answered that it no longer leads, the client knows no leader, or
+    nobody answered. The second is
     a leader that went away: librdkafka's admin client keeps no topics of its own, so a broker going down
     refreshes none of its cached leaders, and it queues the request to the stopped broker until the
     request times out (answered OFFSET_INVALID, not an error)."""
