@@ -143,6 +143,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     tiering_core.formats.native). Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
     from reader.spark.export import KAFKA_COLUMNS
+    from reader.spark.listing import UnknownTopic
     from reader.spark.options import parse_options, store_options
     from reader.spark.planning import plan_slices
     from reader.spark.registry_avro import decode_registry_avro
@@ -158,7 +159,13 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         settings = load_settings(_tier(click_ctx, endpoints, topic))
         options = {"subscribe": topic, **store_options(settings.remote_storage)}
         opts = parse_options(options)
-        partitions, ranges = plan(opts, shared_store(opts))
+        try:
+            partitions, ranges = plan(opts, shared_store(opts))
+        except UnknownTopic as exc:  # every record still in the active segments: nothing tiered to compare
+            raise click.ClickException(
+                f"{size_mb} MB of records ({codec}) rolled no {segment_mb} MiB segment, so nothing was tiered to "
+                "compare: give more --size-mb or a smaller --segment-mb"
+            ) from exc
         ending = {topic: {str(r.partition): r.last + 1 for r in ranges}}
         log_bytes = sum(c.manifest.log_size for rp in partitions for c in rp.copies)
 
