@@ -1,4 +1,4 @@
-"""The export job: a topic's tiered data to Parquet or Delta, exactly once per offset range.
+"""The export job: a topic's tiered data to Parquet, Delta or Iceberg, exactly once per offset range.
 
 Everything that can be wrong with the request (options, an unknown topic, an offset retention has
 deleted) is checked on the driver before Spark starts any work: the plan is made here and handed to

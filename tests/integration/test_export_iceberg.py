@@ -172,3 +172,16 @@ def test_a_run_killed_before_its_commit_adds_nothing_and_the_next_run_continues(
     pyiceberg_rows, duckdb_rows, _ = table_digests(props, identifier)
     assert pyiceberg_rows == duckdb_rows == tiered.committed(rng.last, rng.first)
     assert not set(written) & set(warehouse_files(props)), "the killed run's files were left behind"
+
+
+def test_a_catalog_pyiceberg_cannot_load_is_one_sentence_before_spark(tiered: Tiered, tmp_path: Path) -> None:  # noqa: F811
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")}
+    env["PYICEBERG_HOME"] = str(tmp_path)  # no .pyiceberg.yaml there: the catalog is not configured
+    run = subprocess.run(
+        [sys.executable, "-m", "tiering", "export", tiered.topic, "--format", "iceberg", "--catalog", "nowhere",
+         "--path", "lake.none", "--config", str(tiered.config)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "the Iceberg catalog 'nowhere' cannot be loaded" in run.stderr
+    assert "Traceback" not in run.stderr and "SparkSession" not in run.stderr

@@ -1,4 +1,4 @@
-"""``tiering export``: a topic's tiered data to Parquet or Delta with Spark, reading the object store (and,
+"""``tiering export``: a topic's tiered data to Parquet, Delta or Iceberg with Spark, reading the object store (and,
 on the driver, the metadata for log start offsets users set with ``delete_records``)."""
 
 from __future__ import annotations
@@ -81,6 +81,20 @@ def registry_versions(
             raise click.ClickException(f"subject {subject} has no schema in the schema registry ({where})")
         found.append(tuple(versions))
     return found
+
+
+def iceberg_catalog(name: str) -> None:
+    """Load the Iceberg catalog ``name`` once before Spark starts: one sentence when pyiceberg cannot (not
+    configured, unreachable), not a traceback after the job."""
+    from pyiceberg.catalog import load_catalog
+
+    try:
+        load_catalog(name)
+    except Exception as exc:  # pyiceberg raises ValueError, its own errors, the database driver's
+        raise click.ClickException(
+            f"the Iceberg catalog {name!r} cannot be loaded (configured as pyiceberg "
+            f"names catalogs: ~/.pyiceberg.yaml or PYICEBERG_CATALOG__...): {exc}"
+        ) from exc
 
 
 def parse_position(text: str | None, what: str) -> tuple[dict[int, int], int | None]:
@@ -185,7 +199,8 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
     partition, offset, timestamp, timestampType, headers). Only committed
     records are exported: aborted transactions and control markers are dropped. With --incremental a
     run starts after the last committed run (Delta: idempotent commit keyed by the offset ranges;
-    Parquet: a commit marker written last), so re-running never duplicates rows. Prints one JSON line
+    Parquet: a commit marker written last; Iceberg: the offsets in the run's snapshot summary), so
+    re-running never duplicates rows. Prints one JSON line
     with the ranges and row count.
     """
     settings = settings_from(config_file)
@@ -228,6 +243,8 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
     )  # fmt: skip
     try:
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
+        if fmt == "iceberg":
+            iceberg_catalog(catalog or "")
         spark = export_session(master, spark_jars(), conf=conf)
     except (TieringError, RemoteStoreError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -24,7 +24,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "reader": ("tiering.cli.reader", "reader", "Serve records of tiered topics over HTTP from remote storage."),
     "proxy": ("tiering.cli.proxy", "proxy", "Serve the Kafka protocol: any Kafka client reads tiered history."),
     "consume": ("tiering.cli.consume", "consume", "Print a topic's records, remote ones included (console consumer)."),
-    "export": ("tiering.cli.export", "export", "Export a topic's tiered segments to Parquet or Delta with Spark."),
+    "export": ("tiering.cli.export", "export", "Export tiered segments to Parquet, Delta or Iceberg with Spark."),
 }
 
 
