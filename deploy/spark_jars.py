@@ -16,8 +16,9 @@ def fetch_jars() -> Path:
     spark_version, _ = installed.pyspark_jars()
     binary = ".".join(spark_version.split(".")[:2])
     delta = installed.DELTA_VERSION
+    what = f"the Spark export's jars (Delta {delta}, spark-avro, Spark {spark_version}'s Kafka source, hadoop-aws)"
     return fetch_pom(
-        POM, installed.jars_dir(), f"the Spark export's jars (Delta {delta}, Spark {spark_version}'s Kafka source...)",
+        POM, installed.jars_dir(), what,
         f"-Dspark.version={spark_version}", f"-Dspark.binary={binary}", f"-Ddelta.version={delta}",
         f"-Dhadoop.version={installed.hadoop_version()}",
     )  # fmt: skip

@@ -77,24 +77,24 @@ class _Converter:
             return self.type_of(target, (*refs, ref))
         branches = schema.get("oneOf") or schema.get("anyOf")
         if isinstance(branches, list):
-            return _union([self.type_of(b, refs) for b in branches if not _is_null(b)])
+            return union_types([self.type_of(b, refs) for b in branches if not _is_null(b)])
         if isinstance(schema.get("allOf"), list):
             merged = [self.type_of(b, refs) for b in schema["allOf"]]
-            return _union(merged) if all(isinstance(t, StructType) for t in merged) else StringType()
+            return union_types(merged) if all(isinstance(t, StructType) for t in merged) else StringType()
         kind = schema.get("type")
         if isinstance(kind, list):
-            return _union([self.type_of({**schema, "type": k}, refs) for k in kind if k != "null"])
+            return union_types([self.type_of({**schema, "type": k}, refs) for k in kind if k != "null"])
         if kind is None and "properties" in schema:
             kind = "object"
         if kind is None and ("enum" in schema or "const" in schema):
             values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema.get("const")]
-            return _union([_literal_type(v) for v in values if v is not None])
+            return union_types([_literal_type(v) for v in values if v is not None])
         if kind == "object":
             return self._object(schema, refs)
         if kind == "array":
             items = schema.get("items", schema.get("prefixItems"))
             if isinstance(items, list):
-                return ArrayType(_union([self.type_of(i, refs) for i in items]))
+                return ArrayType(union_types([self.type_of(i, refs) for i in items]))
             return ArrayType(self.type_of(items, refs) if items is not None else StringType())
         if kind == "string":
             return _FORMATS.get(schema.get("format"), StringType())
@@ -140,10 +140,6 @@ def union_types(types: list[DataType]) -> DataType:
     field by field (the newest version's order, then fields only older ones had), arrays and maps by their
     elements, a long and a double as a double, a date and a timestamp as a timestamp, else a string (the JSON
     text of whatever the value is)."""
-    return _union(types)
-
-
-def _union(types: list[DataType]) -> DataType:
     if not types:
         return StringType()
     out = types[0]

@@ -17,7 +17,6 @@ import itertools
 import json
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 import fastavro
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from pyspark.sql import SparkSession
 
@@ -35,7 +33,7 @@ from reader.spark.export import ExportRequest, run_export
 from reader.spark.registry_wire import NOT_FRAMED
 from tests.conftest import create_topic
 from tests.export_readers import exported_rows
-from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark
+from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark, registry_storage_topic
 from tests.sidecar_harness import settings, write_config
 from tiering.bench.registry_values import framed as framed_with
 from tiering.bench.registry_values import storage_record
@@ -121,13 +119,8 @@ class Written:
 @pytest.fixture(scope="module")
 def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Written:
     topic = create_topic(stack.bootstrap, internal_segment_bytes=64 * 1024)
-    schemas_topic = f"_schemas-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-    admin.create_topics([NewTopic(schemas_topic, 1, 1, config={"cleanup.policy": "compact"})])[schemas_topic].result(60)
+    schemas_topic = registry_storage_topic(stack.bootstrap, schema_records(f"{topic}-value"))
     producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5})
-    for k, v in schema_records(f"{topic}-value"):
-        producer.produce(schemas_topic, key=k, value=v)
-    assert producer.flush(30) == 0
     out = Written(topic, schemas_topic, write_config(stack, tmp_path_factory.mktemp("avro"),
                                                      schema_registry={"topic": schemas_topic}))  # fmt: skip
     subject = f"{topic}-value"

@@ -78,6 +78,15 @@ def local_copies(table: Any, tmp: Path) -> list[str]:
     return out
 
 
+@pytest.fixture(params=["filesystem", "s3"])
+def props(request: pytest.FixtureRequest, tmp_path: Path, stack: Endpoints) -> dict[str, str]:
+    """The catalog each test runs with: sqlite with a directory as the warehouse, and as production runs it,
+    PostgreSQL with the warehouse on S3 (MinIO)."""
+    if request.param == "filesystem":
+        return catalog_properties(tmp_path)
+    return s3_catalog_properties(stack, request.getfixturevalue("postgres"))
+
+
 def table_digests(props: dict[str, str], identifier: str) -> tuple[dict[int, str], dict[int, str], Any]:
     """The rows' digests as pyiceberg reads the table and as DuckDB reads the files it lists (each offset once)."""
     table = load_catalog("test", **props).load_table(identifier)
@@ -94,16 +103,12 @@ def table_digests(props: dict[str, str], identifier: str) -> tuple[dict[int, str
     return out[0], out[1], table
 
 
-@pytest.mark.parametrize("warehouse", ["filesystem", "s3"])  # sqlite and a directory; PostgreSQL and MinIO
 def test_iceberg_export_then_incremental_runs_hold_every_offset_once(
     tiered: Tiered,  # noqa: F811
     spark: SparkSession,  # noqa: F811
-    tmp_path: Path,
+    props: dict[str, str],
     stack: Endpoints,
-    postgres: Postgres,
-    warehouse: str,
 ) -> None:
-    props = catalog_properties(tmp_path) if warehouse == "filesystem" else s3_catalog_properties(stack, postgres)
     identifier = "lake.orders"
 
     def export(incremental: bool) -> Any:
@@ -141,16 +146,11 @@ def warehouse_files(props: dict[str, str]) -> list[str]:
     return [f.path for f in found if f.is_file and f.path.endswith(".parquet")]
 
 
-@pytest.mark.parametrize("warehouse", ["filesystem", "s3"])  # sqlite and a directory; PostgreSQL and MinIO
 def test_a_run_killed_before_its_commit_adds_nothing_and_the_next_run_continues(
     tiered: Tiered,  # noqa: F811
     spark: SparkSession,  # noqa: F811
-    tmp_path: Path,
-    stack: Endpoints,
-    postgres: Postgres,
-    warehouse: str,
+    props: dict[str, str],
 ) -> None:
-    props = catalog_properties(tmp_path) if warehouse == "filesystem" else s3_catalog_properties(stack, postgres)
     identifier = "lake.killed"
     env = {**os.environ, "TIERING_CRASH_AT": "export.files_written:1",
            **{f"PYICEBERG_CATALOG__TEST__{k.upper().replace('.', '__').replace('-', '_')}": v

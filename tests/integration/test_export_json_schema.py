@@ -17,14 +17,12 @@ import json
 import struct
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 
 from deploy.stack import Endpoints
@@ -32,7 +30,7 @@ from reader.spark.export import ExportRequest, run_export
 from reader.spark.registry_wire import NOT_FRAMED
 from tests.conftest import create_topic
 from tests.export_readers import exported_rows
-from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark
+from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark, registry_storage_topic
 from tests.sidecar_harness import settings, write_config
 from tiering.bench.registry_values import storage_record
 from tiering_core.schema_registry import schemas_from_topic
@@ -116,14 +114,10 @@ class Written:
 def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Written:
     topic = create_topic(stack.bootstrap, internal_segment_bytes=64 * 1024)
     subject = f"{topic}-value"
-    schemas_topic = f"_schemas-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-    admin.create_topics([NewTopic(schemas_topic, 1, 1, config={"cleanup.policy": "compact"})])[schemas_topic].result(60)
+    schemas_topic = registry_storage_topic(stack.bootstrap, [
+        storage_record(subject, 1, V1_ID, V1, "JSON"), storage_record(subject, 2, V2_ID, V2, "JSON"),
+        storage_record(f"{topic}-key", 1, KEY_ID, KEY, "JSON")])  # fmt: skip
     producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5, "batch.size": 16384})  # < a segment
-    for k, v in [storage_record(subject, 1, V1_ID, V1, "JSON"), storage_record(subject, 2, V2_ID, V2, "JSON"),
-                 storage_record(f"{topic}-key", 1, KEY_ID, KEY, "JSON")]:  # fmt: skip
-        producer.produce(schemas_topic, key=k, value=v)
-    assert producer.flush(30) == 0
     out = Written(topic, write_config(stack, tmp_path_factory.mktemp("json-schema"),
                                       schema_registry={"topic": schemas_topic}))  # fmt: skip
     sent = itertools.count()

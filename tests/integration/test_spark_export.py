@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
@@ -141,6 +143,18 @@ def cli_export(topic: str, fmt: str, path: Path, config: Path, *options: str) ->
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def registry_storage_topic(bootstrap: str, records: list[tuple[bytes | None, bytes | None]]) -> str:
+    """A new compacted topic holding ``records`` as a schema registry's storage topic (``_schemas``) does."""
+    name = f"_schemas-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, 1, 1, config={"cleanup.policy": "compact"})])[name].result(60)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for key, value in records:
+        producer.produce(name, key=key, value=value)
+    assert producer.flush(30) == 0
+    return name
 
 
 def local_spark(app_name: str) -> Iterator[SparkSession]:

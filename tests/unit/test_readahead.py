@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reader.errors import MemoryBusy, RemoteUnavailable
+from reader.errors import MemoryBusy, RemoteDataCorrupt, RemoteUnavailable
 from reader.pool import MemoryPool
 from reader.readahead import ReadAhead
 
@@ -58,6 +58,7 @@ class FakeReader:
         self.gate.set()
         self.locate_gate = threading.Event()
         self.locate_gate.set()
+        self.damaged_keys: list[str] = []
 
     def read_or_gone(self, copy: FakeCopy, start: int, end: int, *, cacheable: bool = False) -> bytes:
         assert cacheable
@@ -74,7 +75,7 @@ class FakeReader:
         return self.copies[i + 1] if i + 1 < len(self.copies) else None
 
     def damaged(self, key: str) -> None:
-        pass
+        self.damaged_keys.append(key)
 
 
 def no_prepare(copy: FakeCopy, data: bytes, start: int) -> tuple[None, int]:
@@ -232,4 +233,21 @@ def test_windows_dropped_while_downloading_give_their_bytes_back_when_the_downlo
     reader.gate.set()
     settle(reader)
     assert reader.pool.used == 0
-    assert all(w.data is None for w in ahead.windows)
+
+
+def test_a_window_prepare_finds_damaged_leaves_the_disk_cache_and_the_error_is_the_readers() -> None:
+    a = FakeCopy("a", 0, 99, 128 * KIB)
+    reader = FakeReader([a], pool_bytes=1 << 20)
+
+    def corrupt(copy: FakeCopy, data: bytes, start: int) -> tuple[None, int]:
+        raise RemoteDataCorrupt(copy.log_key, start, "CRC-32C mismatch")
+
+    ahead = ReadAhead(reader, corrupt)
+    ahead.begin(a, 0)
+    settle(reader)
+    with pytest.raises(RemoteDataCorrupt, match="CRC-32C mismatch"):
+        ahead.take()
+    assert "a" in reader.damaged_keys  # its windows leave the disk cache: a repaired object is read again
+    ahead.close()
+    settle(reader)
+    assert reader.pool.used == 0
