@@ -6,12 +6,17 @@ Two sources, one answer (``SchemaCatalog``):
 - the registry's own storage topic (``schemas_from_topic``, default ``_schemas``), where a Spark cluster
   cannot reach a registry: the format Confluent's registry and Karapace both keep. Each record's key is JSON
   ``{"keytype": "SCHEMA", "subject": ..., "version": ...}`` and its value the registered schema as JSON
-  (``id``, ``schema``, ``schemaType`` (absent for Avro), ``deleted``), or null when the version was deleted
-  for good. Records of other key types (CONFIG, MODE, NOOP, DELETE_SUBJECT ...) say nothing about a
+  (``id``, ``schema``, ``schemaType`` (absent for Avro), ``references``, ``deleted``), or null when the version
+  was deleted for good. Records of other key types (CONFIG, MODE, NOOP, DELETE_SUBJECT ...) say nothing about a
   schema's text and are skipped. A soft-deleted version stays: records written with it still decode.
 
 The wire format of a record written with a registry's serializer: magic byte 0, the schema id as a
 big-endian int32, then (Protobuf only) the message indexes, then the payload.
+
+A schema may import others (a Protobuf ``import``, an Avro named type, a JSON Schema ``$ref``) registered under
+subjects of their own: its ``references`` name them (the import's name, the subject, the version), and
+``SchemaCatalog.versions`` hands each version over with the texts it imports, its references' references
+included (``RegisteredSchema.imports``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -58,14 +63,14 @@ class SchemaRegistrySettings(BaseModel):
 
 # the export's name for each registry schema type (``--value-format``)
 EXPORT_FORMATS = {"AVRO": "avro", "JSON": "json-schema", "PROTOBUF": "protobuf"}
-DECODED_FORMATS = ("avro", "json-schema")
+DECODED_FORMATS = ("avro", "json-schema", "protobuf")
 
 
 def export_format(subject: str, versions: Iterable[RegisteredSchema], asked: str) -> str:
-    """How an export decodes values of ``subject``: ``asked`` (avro, json-schema), or with ``auto`` the schema
-    type of its versions (a registry refuses to change a subject's type under its compatibility rules).
-    Raises ConfigError, before any work, when the subject has no schema of that type, mixes types under
-    ``auto``, or holds Protobuf schemas (not decoded yet)."""
+    """How an export decodes values of ``subject``: ``asked`` (avro, json-schema, protobuf), or with ``auto`` the
+    schema type of its versions (a registry refuses to change a subject's type under its compatibility rules).
+    Raises ConfigError, before any work, when the subject has no schema of that type or mixes types under
+    ``auto``."""
     kinds = sorted({EXPORT_FORMATS.get(v.schema_type, v.schema_type.lower()) for v in versions})
     chosen = asked
     if asked == "auto":
@@ -88,6 +93,13 @@ class SchemaRegistryError(TieringError):
 
 
 @dataclass(frozen=True)
+class SchemaReference:
+    name: str  # how the schema imports it (a Protobuf import's file name)
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
 class RegisteredSchema:
     id: int
     subject: str
@@ -95,6 +107,8 @@ class RegisteredSchema:
     schema_type: str  # AVRO, PROTOBUF or JSON, as the registry names them
     schema: str
     deleted: bool = False
+    references: tuple[SchemaReference, ...] = ()
+    imports: tuple[tuple[str, str], ...] = ()  # (name, schema text) of every schema it imports, set by the catalog
 
 
 class SchemaCatalog:
@@ -111,9 +125,27 @@ class SchemaCatalog:
         return self._by_id.get(schema_id)
 
     def versions(self, subject: str) -> list[RegisteredSchema]:
-        """The subject's versions, oldest first (soft-deleted ones included: their records still decode)."""
+        """The subject's versions, oldest first (soft-deleted ones included: their records still decode), each
+        with the texts of the schemas it imports. Raises SchemaRegistryError for a reference to a version the
+        registry does not hold."""
         versions = self._by_subject.get(subject, {})
-        return [versions[v] for v in sorted(versions)]
+        return [replace(versions[v], imports=tuple(self._imports(versions[v]).items())) for v in sorted(versions)]
+
+    def _imports(self, schema: RegisteredSchema) -> dict[str, str]:
+        found: dict[str, str] = {}
+        pending = list(schema.references)
+        while pending:
+            ref = pending.pop()
+            if ref.name in found:
+                continue
+            target = self._by_subject.get(ref.subject, {}).get(ref.version)
+            if target is None:
+                raise SchemaRegistryError(f"schema id {schema.id} (subject {schema.subject} version {schema.version}) "
+                                          f"imports {ref.name} as subject {ref.subject} version {ref.version}, "
+                                          "which the registry does not hold")  # fmt: skip
+            found[ref.name] = target.schema
+            pending.extend(target.references)
+        return found
 
 
 def schemas_from_topic(bootstrap: str, client_config: Mapping[str, str] | None = None,
@@ -167,6 +199,8 @@ def _apply(records: dict[tuple[str, int], RegisteredSchema | None], key: bytes |
         records[(subject, version)] = RegisteredSchema(
             id=int(doc["id"]), subject=subject, version=version, schema_type=str(doc.get("schemaType", "AVRO")),
             schema=str(doc["schema"]), deleted=bool(doc.get("deleted", False)),
+            references=tuple(SchemaReference(str(r["name"]), str(r["subject"]), int(r["version"]))
+                             for r in doc.get("references") or ()),
         )  # fmt: skip
     except (ValueError, KeyError, TypeError) as exc:
         raise SchemaRegistryError(f"{where} is not a schema registry record: {type(exc).__name__}: {exc}") from None
@@ -182,20 +216,26 @@ def schemas_from_registry(config: Mapping[str, str], subjects: Iterable[str], cl
     if not config.get("url"):
         raise ConfigError("schema_registry.url is not set")
     client = client or SchemaRegistryClient.new_client(dict(config))
-    found = []
-    for subject in subjects:
+    found: dict[tuple[str, int], RegisteredSchema] = {}
+    wanted: list[tuple[str, int | None]] = [(subject, None) for subject in subjects]  # None: every version
+    while wanted:
+        subject, only = wanted.pop()
         try:
-            versions = client.get_versions(subject)
-            for version in versions:
+            for version in client.get_versions(subject) if only is None else [only]:
+                if (subject, version) in found:
+                    continue
                 registered = client.get_version(subject, version)
-                found.append(RegisteredSchema(
+                schema = registered.schema
+                references = tuple(SchemaReference(r.name, r.subject, r.version) for r in schema.references or ())
+                found[(subject, version)] = RegisteredSchema(
                     id=registered.schema_id, subject=subject, version=registered.version,
-                    schema_type=registered.schema.schema_type or "AVRO", schema=registered.schema.schema_str,
-                ))  # fmt: skip
+                    schema_type=schema.schema_type or "AVRO", schema=schema.schema_str, references=references,
+                )  # fmt: skip
+                wanted.extend((r.subject, r.version) for r in references)  # the schemas it imports
         except ClientError as exc:
-            if exc.http_status_code == 404:
+            if exc.http_status_code == 404 and only is None:
                 continue  # no such subject: its records' schema ids are unknown, reported per record
             raise SchemaRegistryError(f"the schema registry at {config['url']}, subject {subject}: {exc}") from exc
         except Exception as exc:  # the client's transport errors (httpx) name the address
             raise SchemaRegistryError(f"the schema registry at {config['url']}: {type(exc).__name__}: {exc}") from exc
-    return SchemaCatalog(found)
+    return SchemaCatalog(found.values())

@@ -24,6 +24,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 mod batch;
 mod columns;
 mod lz4;
+mod protobuf;
 mod record;
 
 use batch::{Kind, LOG_OVERHEAD};
@@ -250,5 +251,8 @@ fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch_payload, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_class::<columns::ColumnDecoder>()?;
+    m.add_function(wrap_pyfunction!(protobuf::protobuf_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(protobuf::protobuf_json_schema, m)?)?;
+    m.add_class::<protobuf::ProtobufDecoder>()?;
     Ok(())
 }

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -30,6 +32,7 @@ from reader.spark.parquet_commit import ParquetOutput, new_run_id
 from reader.spark.planning import PartitionRange
 from reader.spark.registry_avro import decode_registry_avro
 from reader.spark.registry_json import decode_registry_json
+from reader.spark.registry_protobuf import decode_registry_protobuf
 from reader.spark.source import NAME, plan, shared_store
 from tiering_core.crash_points import crash_point
 from tiering_core.errors import ConfigError
@@ -40,7 +43,8 @@ from tiering_core.stores.config import AnyStoreConfig
 log = get_logger(__name__)
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 # the schema registry's formats: how a column of each becomes typed columns
-REGISTRY_FORMATS = {"avro": decode_registry_avro, "json-schema": decode_registry_json}
+REGISTRY_FORMATS = {"avro": decode_registry_avro, "json-schema": decode_registry_json,
+                    "protobuf": decode_registry_protobuf}  # fmt: skip
 APP_PREFIX = "kafka_tiered"
 EVERY_PARTITION = -1
 NOT_UTF8 = "value is not UTF-8 text"  # _corrupt: why a value gave no JSON fields (the raw bytes stay in value)
@@ -58,15 +62,17 @@ class ExportRequest:
     starting_timestamp: int | None = None
     ending_timestamp: int | None = None
     incremental: bool = False
-    value_format: Literal["binary", "json", "avro", "json-schema"] = "binary"
+    value_format: Literal["binary", "json", "avro", "json-schema", "protobuf"] = "binary"
     json_schema: str | None = None  # DDL; inferred from a sample when None
-    # avro, json-schema: the registry subject of the values (default <topic>-value) and its versions, read on the
-    # driver
+    # avro, json-schema, protobuf: the registry subject of the values (default <topic>-value) and its versions,
+    # read on the driver
     value_subject: str | None = None
     value_schemas: tuple[RegisteredSchema, ...] = ()
-    key_format: Literal["binary", "avro", "json-schema"] = "binary"
+    value_message: str | None = None  # protobuf: the message type exported (default: the schema's first)
+    key_format: Literal["binary", "avro", "json-schema", "protobuf"] = "binary"
     key_subject: str | None = None  # the registry subject of the keys (default <topic>-key)
     key_schemas: tuple[RegisteredSchema, ...] = ()
+    key_message: str | None = None
     catalog: str | None = None  # iceberg: the pyiceberg catalog's name (path is then the table's identifier)
     catalog_properties: dict[str, str] = field(default_factory=dict)  # iceberg: beside pyiceberg's own config
     local_tail_bootstrap: str | None = None  # set: also read the untiered tail from these brokers
@@ -107,6 +113,11 @@ def planned_ranges(request: ExportRequest, previous: dict[int, int]) -> list[Par
     return ranges
 
 
+def _registry_decoder(fmt: str, message: str | None) -> Callable[..., DataFrame]:
+    decode = REGISTRY_FORMATS[fmt]
+    return partial(decode_registry_protobuf, message=message) if fmt == "protobuf" else decode
+
+
 def _expand(offsets: dict[int, int], partitions: list[int]) -> dict[int, int]:
     if EVERY_PARTITION not in offsets:
         return offsets
@@ -143,7 +154,7 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     if request.value_format == "json":
         df = flatten_json(spark, df, request.json_schema)
     if request.key_format in REGISTRY_FORMATS:  # key fields as key_<field>, a scalar key typed in place
-        df = REGISTRY_FORMATS[request.key_format](
+        df = _registry_decoder(request.key_format, request.key_message)(
             df,
             "key",
             request.key_subject or f"{request.topic}-key",
@@ -155,8 +166,8 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
         )
     if request.value_format in REGISTRY_FORMATS:
         subject = request.value_subject or f"{request.topic}-value"
-        df = REGISTRY_FORMATS[request.value_format](df, "value", subject, list(request.value_schemas),
-                                                    {*KAFKA_COLUMNS, *df.columns})  # fmt: skip
+        df = _registry_decoder(request.value_format, request.value_message)(
+            df, "value", subject, list(request.value_schemas), {*KAFKA_COLUMNS, *df.columns})  # fmt: skip
     ranges_json = {str(r.partition): [r.first, r.last] for r in wanted}
     topic_id = wanted[0].topic_id
     if iceberg is not None:

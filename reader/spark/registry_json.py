@@ -16,7 +16,8 @@ The mapping, for what a JSON Schema says about a value's shape (validation keywo
 - ``object`` with ``properties``: a struct of them, in their order; with only ``additionalProperties``
   (a dictionary): a map from string to their type;
 - ``array``: an array of ``items``' type (``prefixItems`` or a list of item schemas: of their union);
-- ``string``: string; ``format: date`` a date, ``format: date-time`` a timestamp; ``integer``: long;
+- ``string``: string; ``format: date`` a date, ``format: date-time`` a timestamp, ``contentEncoding: base64``
+  binary (the decoded bytes); ``integer``: long;
   ``number``: double; ``boolean``: boolean; ``enum`` or ``const`` of strings: string;
 - ``type`` as a list, ``oneOf`` and ``anyOf``: the union of the branches, ``null`` only making it nullable;
   ``allOf``: its branches' properties together; ``$ref`` within the document (``#/definitions/...``,
@@ -34,6 +35,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     BooleanType,
     DataType,
     DateType,
@@ -97,6 +99,8 @@ class _Converter:
                 return ArrayType(union_types([self.type_of(i, refs) for i in items]))
             return ArrayType(self.type_of(items, refs) if items is not None else StringType())
         if kind == "string":
+            if schema.get("contentEncoding") == "base64":
+                return BinaryType()
             return _FORMATS.get(schema.get("format"), StringType())
         return _SCALARS.get(kind, StringType())
 
@@ -176,7 +180,15 @@ def decode_registry_json(df: DataFrame, column: str, subject: str, versions: lis
         raise ConfigError(f"subject {subject} has no JSON Schema in the registry")
     value_type = union_types([json_schema_type(json.loads(v.schema)) for v in schemas])
     text = payload_of(column).cast("string")
-    utf8 = F.is_valid_utf8(text)
+    return json_columns(df, column, subject, [v.id for v in schemas], value_type, F.when(F.is_valid_utf8(text), text),
+                        taken, prefix=prefix, corrupt=corrupt, error_column=error_column)  # fmt: skip
+
+
+def json_columns(df: DataFrame, column: str, subject: str, ids: list[int], value_type: DataType, text: Column,
+                 taken: set[str], *, prefix: str | None, corrupt: str, error_column: str,
+                 failure: str = "does not decode") -> DataFrame:  # fmt: skip
+    """``df`` with ``column`` replaced by the values of ``text`` (each value's JSON text, null where there is
+    none) parsed by ``from_json`` as ``value_type``: a struct's fields as columns, else one column."""
     fields: list[str] | None
     if isinstance(value_type, StructType):
         fields = [f.name for f in value_type.fields]
@@ -192,7 +204,6 @@ def decode_registry_json(df: DataFrame, column: str, subject: str, versions: lis
         def failed(value: Column) -> Column:
             return value.isNull() | (F.size(value) != 1)
 
-    decoded = F.when(utf8, F.from_json(text, parse, options))
-    return registry_columns(df, column, subject, [v.id for v in schemas], decoded, failed, fields, taken,
-                            prefix=prefix, corrupt=corrupt, error_column=error_column,
+    return registry_columns(df, column, subject, ids, F.from_json(text, parse, options), failed, fields, taken,
+                            prefix=prefix, corrupt=corrupt, error_column=error_column, failure=failure,
                             scalar=lambda value: value[0])  # fmt: skip

@@ -2,7 +2,8 @@
 schema id, the payload), the columns a decoded value becomes, and ``_corrupt`` (the value's bytes) with
 ``_error`` (why) for a value that gives none: not framed, a schema id that is not a version of the subject, or
 a payload that does not decode. Each format decodes in the executors with Spark's own compiled functions
-(``from_avro``, ``from_json``), one branch per schema id; nothing here runs Python per record."""
+(``from_avro``, ``from_json``; Protobuf through the compiled module into JSON text first), one branch per
+schema id; nothing here runs Python per record."""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ def payload_of(column: str) -> Column:
 
 def registry_columns(df: DataFrame, column: str, subject: str, ids: list[int], decoded: Column,
                      failed: Callable[[Column], Column], fields: list[str] | None, taken: set[str], *,
-                     prefix: str | None, corrupt: str, error_column: str,
+                     prefix: str | None, corrupt: str, error_column: str, failure: str = "does not decode",
                      scalar: Callable[[Column], Column] = lambda value: value) -> DataFrame:  # fmt: skip
     """``df`` with ``column`` replaced by the decoded value's ``fields`` as columns (or, without fields, one
     column ``column``: ``scalar`` of the value), then ``corrupt`` and ``error_column``. ``decoded``: the value
-    decoded by its schema id (null for an id not in ``ids``); ``failed(value)``: it did not decode. Fields are
+    decoded by its schema id (null for an id not in ``ids``); ``failed(value)``: it did not decode, which
+    ``_error`` says as ``<failure> with schema id <id>``. Fields are
     named ``prefix + name``; without a prefix, a field named like a column of ``taken``, ``corrupt`` or
     ``error_column`` gets ``<column>_``."""
     raw = F.col(column)
@@ -46,7 +48,7 @@ def registry_columns(df: DataFrame, column: str, subject: str, ids: list[int], d
         F.when(F.col("__raw").isNull(), F.lit(None))
         .when(~F.col("__framed"), F.lit(NOT_FRAMED))
         .when(~F.col("__known"), F.concat(F.lit("schema id "), sid, F.lit(f" is not a version of subject {subject}")))
-        .when(failed(value), F.concat(F.lit("does not decode with schema id "), sid))
+        .when(failed(value), F.concat(F.lit(f"{failure} with schema id "), sid))
     )  # fmt: skip
     if fields is not None:
         names = {*taken, corrupt, error_column}

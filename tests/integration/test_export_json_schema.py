@@ -31,6 +31,7 @@ from reader.spark.registry_wire import NOT_FRAMED
 from tests.conftest import create_topic
 from tests.export_readers import exported_rows
 from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark, registry_storage_topic
+from tests.registry_rows import Produced, check_decoded
 from tests.sidecar_harness import settings, write_config
 from tiering.bench.registry_values import storage_record
 from tiering_core.schema_registry import schemas_from_topic
@@ -101,12 +102,9 @@ def expected_row(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     return row
 
 
-class Written:
+class Written(Produced):
     def __init__(self, topic: str, config: Path) -> None:
-        self.topic, self.config = topic, config
-        self.values: dict[int, bytes | None] = {}
-        self.expected: dict[int, dict[str, Any] | None] = {}  # offset -> fields; None: a value that gives none
-        self.errors: dict[int, str | None] = {}
+        super().__init__(topic, config)
         self.keys: dict[int, str | None] = {}  # the key's text; None: a key that is not framed
 
 
@@ -168,32 +166,21 @@ def spark() -> Iterator[SparkSession]:
 def check(path: str, fmt: str, written: Written, last: int) -> None:
     rows = {r["offset"]: r for r in exported_rows(path, fmt, ["offset", *FIELDS, "_corrupt", "_error", "key",
                                                               "_key_corrupt", "_key_error"])}  # fmt: skip
-    assert sorted(rows) == [o for o in sorted(written.values) if o <= last], "an offset is missing or extra"
     assert sum(1 for o in rows if "note" in (written.expected[o] or {})) > 1_000, "too few version 2 records"
+    errors = check_decoded(rows, written, FIELDS, last, expected_row, _as_expected)
     for offset, row in rows.items():
-        want = expected_row(written.expected[offset])
-        got = {f: row[f] for f in FIELDS}
-        if want is not None:
-            if isinstance(got["at"], datetime.datetime) and got["at"].tzinfo is None:
-                got["at"] = got["at"].replace(tzinfo=datetime.UTC)
-            if got["attrs"] is not None:
-                got["attrs"] = sorted(got["attrs"])
-            assert got == want, f"offset {offset}: {got} != {want}"
-            assert row["_corrupt"] is None and row["_error"] is None, offset
-        elif written.values[offset] is None:  # a null value: null fields, nothing corrupt
-            assert all(v is None for v in got.values()) and row["_error"] is None, offset
-        else:
-            assert all(v is None for v in got.values()), f"offset {offset}: fields from a value that gives none"
-            assert row["_error"] == written.errors[offset], offset
-            assert row["_corrupt"] == written.values[offset], f"offset {offset}: its bytes are not kept"
         key = written.keys[offset]
         if key is None:
             assert (row["key"], row["_key_error"]) == (None, NOT_FRAMED), row
         else:
             assert (row["key"], row["_key_corrupt"], row["_key_error"]) == (key, None, None), row
-    errors = {o for o, e in written.errors.items() if e is not None and o <= last}
     assert len({written.errors[o] for o in errors}) == 3, "not every kind of bad value was exported"
-    assert {o for o, r in rows.items() if r["_error"] is not None} == errors
+
+
+def _as_expected(got: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(got["at"], datetime.datetime) and got["at"].tzinfo is None:
+        got = {**got, "at": got["at"].replace(tzinfo=datetime.UTC)}
+    return {**got, "attrs": sorted(got["attrs"]) if got["attrs"] is not None else None}
 
 
 def test_json_schema_values_become_typed_columns_in_parquet(written: Written, spark: SparkSession,

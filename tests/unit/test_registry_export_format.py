@@ -13,7 +13,8 @@ def versions(*types: str) -> list[RegisteredSchema]:
     return [RegisteredSchema(i + 1, "orders-value", i + 1, t, "{}") for i, t in enumerate(types)]
 
 
-@pytest.mark.parametrize(("types", "chosen"), [(("AVRO", "AVRO"), "avro"), (("JSON",), "json-schema")])
+@pytest.mark.parametrize(("types", "chosen"), [(("AVRO", "AVRO"), "avro"), (("JSON",), "json-schema"),
+                                               (("PROTOBUF",), "protobuf")])  # fmt: skip
 def test_auto_takes_the_subjects_schema_type(types: tuple[str, ...], chosen: str) -> None:
     assert export_format("orders-value", versions(*types), "auto") == chosen
     assert export_format("orders-value", versions(*types), chosen) == chosen
@@ -29,8 +30,3 @@ def test_auto_over_mixed_types_asks_for_one() -> None:
     with pytest.raises(ConfigError, match=r"several schema types \(avro, json-schema\)"):
         export_format("orders-value", versions("AVRO", "JSON"), "auto")
     assert export_format("orders-value", versions("AVRO", "JSON"), "avro") == "avro"
-
-
-def test_protobuf_is_refused_as_not_decoded_yet() -> None:
-    with pytest.raises(ConfigError, match="holds protobuf schemas, which the export does not decode yet"):
-        export_format("orders-value", versions("PROTOBUF"), "auto")

@@ -22,12 +22,16 @@ def framed(schema_id: int, parsed_schema: Any, record: dict[str, Any]) -> bytes:
     return out.getvalue()
 
 
-def storage_record(subject: str, version: int, schema_id: int, schema: Any,
-                   schema_type: str = "AVRO") -> tuple[bytes, bytes]:  # fmt: skip
+def storage_record(subject: str, version: int, schema_id: int, schema: Any, schema_type: str = "AVRO",
+                   references: list[dict[str, Any]] | None = None) -> tuple[bytes, bytes]:  # fmt: skip
     """The key and value a registry writes to its storage topic (``_schemas``) for one version of a subject, as
-    Confluent's registry and Karapace do (``schemaType`` only when not Avro)."""
+    Confluent's registry and Karapace do (``schemaType`` only when not Avro; ``references``: name, subject,
+    version of the schemas it imports). ``schema``: its text (a .proto), or a document written as JSON."""
     key = {"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1}
-    value = {"subject": subject, "version": version, "id": schema_id, "schema": json.dumps(schema), "deleted": False}
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    value: dict[str, Any] = {"subject": subject, "version": version, "id": schema_id, "schema": text, "deleted": False}
     if schema_type != "AVRO":
         value["schemaType"] = schema_type
+    if references:
+        value["references"] = references
     return json.dumps(key).encode(), json.dumps(value).encode()

@@ -153,27 +153,30 @@ def _progress_until(spark: object, done: threading.Event) -> None:
 @click.option("--incremental", is_flag=True, help="Export only what was tiered since the last run, exactly once.")
 @click.option(
     "--value-format",
-    type=click.Choice(["binary", "json", "avro", "json-schema", "auto"]),
+    type=click.Choice(["binary", "json", "avro", "json-schema", "protobuf", "auto"]),
     default="binary",
     show_default=True,
-    help="json: also flatten JSON values into columns (_corrupt says why a value gave none). avro, json-schema: "
-    "values in the schema registry's wire format as typed columns, by the subject's schemas (settings: "
-    "schema_registry); a value that does not decode keeps its bytes in _corrupt, the reason in _error. auto: "
-    "avro or json-schema, as the subject's schemas are.",
+    help="json: also flatten JSON values into columns (_corrupt says why a value gave none). avro, json-schema, "
+    "protobuf: values in the schema registry's wire format as typed columns, by the subject's schemas "
+    "(settings: schema_registry); a value that does not decode keeps its bytes in _corrupt, the reason in "
+    "_error. auto: the format of the subject's schemas.",
 )
-@click.option("--value-subject", metavar="SUBJECT",
-              help="avro, json-schema, auto: the values' registry subject [default: TOPIC-value].")  # fmt: skip
+@click.option("--value-subject", metavar="SUBJECT", help="avro, json-schema, protobuf, auto: the values' "
+              "registry subject [default: TOPIC-value].")  # fmt: skip
+@click.option("--value-message", metavar="NAME", help="protobuf: the message type whose fields become the "
+              "columns (package.Message) [default: the first in the subject's newest schema].")  # fmt: skip
 @click.option(
     "--key-format",
-    type=click.Choice(["binary", "avro", "json-schema", "auto"]),
+    type=click.Choice(["binary", "avro", "json-schema", "protobuf", "auto"]),
     default="binary",
     show_default=True,
-    help="avro, json-schema, auto: keys in the schema registry's wire format as columns key_<field> (a key "
+    help="avro, json-schema, protobuf, auto: keys in the schema registry's wire format as columns key_<field> (a key "
     "that is not a record, e.g. a string, stays one typed key column); _key_corrupt and _key_error as for "
     "values.",
 )
 @click.option("--key-subject", metavar="SUBJECT",
-              help="avro, json-schema, auto: the keys' registry subject [default: TOPIC-key].")  # fmt: skip
+              help="avro, json-schema, protobuf, auto: the keys' registry subject [default: TOPIC-key].")  # fmt: skip
+@click.option("--key-message", metavar="NAME", help="protobuf: the keys' message type, as --value-message.")
 @click.option("--json-schema", metavar="DDL", help="Schema of JSON values (e.g. 'order long, note string'); "
               "inferred from a sample when absent.")  # fmt: skip
 @click.option("--include-local-tail", is_flag=True,
@@ -187,9 +190,10 @@ def _progress_until(spark: object, done: threading.Event) -> None:
               "request; past it the export exits 1, before Spark starts.")  # fmt: skip
 @config_option
 def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | None, to: str | None,
-           incremental: bool, value_format: str, value_subject: str | None, key_format: str, key_subject: str | None,
-           json_schema: str | None, include_local_tail: bool, master: str, confs: tuple[str, ...], show: int,
-           config_file: Path | None, timeout: float) -> None:  # fmt: skip
+           incremental: bool, value_format: str, value_subject: str | None, value_message: str | None,
+           key_format: str, key_subject: str | None, key_message: str | None, json_schema: str | None,
+           include_local_tail: bool, master: str, confs: tuple[str, ...], show: int, config_file: Path | None,
+           timeout: float) -> None:  # fmt: skip
     """Export TOPIC's tiered segments to Parquet, Delta or Iceberg with Spark, reading them from the object store.
 
     No broker data is read (unless --include-local-tail): the segments come from the remote store of the
@@ -218,6 +222,7 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
         path = os.path.abspath(path)
 
     from reader.spark.export import ExportRequest, planned_ranges, run_export
+    from reader.spark.registry_protobuf import message_type
     from reader.spark.session import export_session
     from tiering_core.spark_jars import spark_jars
 
@@ -225,8 +230,14 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
     subjects = {what: subject or f"{topic}-{what}" for what, (form, subject) in asked.items()
                 if form in (*DECODED_FORMATS, "auto")}  # fmt: skip
     schemas = dict(zip(subjects, registry_versions(settings, list(subjects.values()), timeout), strict=True))
+    messages = {"value": value_message, "key": key_message}
     try:
         formats = {what: export_format(subjects[what], schemas[what], asked[what][0]) for what in subjects}
+        for what, message in messages.items():
+            if formats.get(what) == "protobuf":
+                message_type(subjects[what], list(schemas[what]), message)  # compiles, before Spark starts
+            elif message is not None:
+                raise ConfigError(f"--{what}-message is for protobuf {what}s")
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     value_format, key_format = formats.get("value", value_format), formats.get("key", key_format)
@@ -237,8 +248,9 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
         local_tail_bootstrap=settings.bootstrap_servers if include_local_tail else None,
         local_tail_client=client_properties(settings.kafka_client) if include_local_tail else {},
         log_starts=user_log_starts(config_file, topic, timeout),
-        value_subject=value_subject, value_schemas=schemas.get("value", ()),
+        value_subject=value_subject, value_schemas=schemas.get("value", ()), value_message=value_message,
         key_format=key_format, key_subject=key_subject, key_schemas=schemas.get("key", ()),  # type: ignore[arg-type]
+        key_message=key_message,
         catalog=catalog,
     )  # fmt: skip
     try:
