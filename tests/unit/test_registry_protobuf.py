@@ -9,6 +9,7 @@ import json
 
 import pyarrow as pa
 import pytest
+import tiering_native as native
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -48,7 +49,6 @@ from tiering_core.schema_registry import (
     schemas_from_registry,
 )
 
-native = pytest.importorskip("tiering_native", reason="the compiled module (native/) is not built")
 COMMON_REF = SchemaReference("common.proto", "common-value", 1)
 
 
