@@ -51,8 +51,8 @@ def exported_rows(path: str, fmt: str, columns: list[str]) -> list[dict[str, Any
 
 
 def _utc(value: Any) -> Any:
-    """A timestamp as its UTC instant without a zone: Spark writes timestamps as INT96, which pyarrow and DuckDB
-    read without a zone and deltalake with UTC (Delta's timestamp is UTC by definition); the instants agree."""
+    """A timestamp as its UTC instant without a zone: the files hold UTC instants (Parquet's INT64 microseconds
+    adjusted to UTC), which pyarrow, DuckDB and deltalake read with a zone; the instants agree."""
     if isinstance(value, datetime.datetime) and value.tzinfo is not None:
         return value.astimezone(datetime.UTC).replace(tzinfo=None)
     return value

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 
-class Produced:
+class FramedValues:
     def __init__(self, topic: str, config: Path) -> None:
         self.topic, self.config = topic, config
         self.values: dict[int, bytes | None] = {}
@@ -16,7 +16,7 @@ class Produced:
         self.errors: dict[int, str | None] = {}
 
 
-def check_decoded(rows: dict[int, dict[str, Any]], produced: Produced, fields: list[str], last: int,
+def check_decoded(rows: dict[int, dict[str, Any]], produced: FramedValues, fields: list[str], last: int,
                   expected_row: Callable[[Any], dict[str, Any] | None],
                   normalize: Callable[[dict[str, Any]], dict[str, Any]]) -> set[int]:  # fmt: skip
     """Every offset up to ``last`` exported once; a value's fields (``normalize``d as its reader gives them) equal

@@ -124,6 +124,27 @@ def _expand(offsets: dict[int, int], partitions: list[int]) -> dict[int, int]:
     return {p: offsets.get(p, offsets[EVERY_PARTITION]) for p in partitions}
 
 
+def _outputs(request: ExportRequest) -> tuple[ParquetOutput | None, IcebergOutput | None]:
+    if request.format == "parquet":
+        return ParquetOutput(request.path, request.topic), None
+    if request.format == "iceberg":
+        return None, IcebergOutput(request.catalog or "", request.path, request.topic, request.catalog_properties)
+    return None, None
+
+
+def nothing_new(request: ExportRequest) -> ExportResult | None:
+    """The result of an incremental Parquet or Iceberg run that finds nothing new to export, known without Spark
+    (their committed offsets are in the commit markers and the snapshot summaries, read with pyarrow's and
+    pyiceberg's file systems): a scheduled run then takes seconds instead of a Spark start. None: there is
+    something to export, or it takes Spark to tell (Delta's commits are read through Spark)."""
+    parquet, iceberg = _outputs(request)
+    output = parquet or iceberg
+    if not request.incremental or output is None:
+        return None
+    ranges = planned_ranges(request, output.committed_ends())
+    return None if any(r.last >= r.first for r in ranges) else ExportResult(ranges, 0, False)
+
+
 def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
     """Run one export. Raises before any Spark work for bad input; a failed job commits nothing."""
     if request.value_format in REGISTRY_FORMATS and not request.value_schemas:
@@ -134,10 +155,7 @@ def run_export(spark: SparkSession, request: ExportRequest) -> ExportResult:
         raise ConfigError(f"unknown export format {request.format!r}: parquet, delta or iceberg")
     if request.format == "iceberg" and not request.catalog:
         raise ConfigError("an Iceberg export needs the catalog's name (--catalog) and the table as --path ns.table")
-    parquet = ParquetOutput(request.path, request.topic) if request.format == "parquet" else None
-    iceberg = None
-    if request.format == "iceberg":
-        iceberg = IcebergOutput(request.catalog or "", request.path, request.topic, request.catalog_properties)
+    parquet, iceberg = _outputs(request)
     output = parquet or iceberg  # the formats whose commits this module keeps (Delta keeps its own)
     if output is not None:
         removed = output.remove_uncommitted()

@@ -26,6 +26,9 @@ def export_session(master: str, jars: list[str], app_name: str = "tiering export
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.session.timeZone", "UTC")
+        # Parquet's own timestamp type (INT64 microseconds, UTC) rather than Spark's default INT96, a legacy
+        # encoding Parquet deprecated that other readers have to special-case (and Iceberg does not allow)
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")

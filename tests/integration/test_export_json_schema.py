@@ -31,7 +31,7 @@ from reader.spark.registry_wire import NOT_FRAMED
 from tests.conftest import create_topic
 from tests.export_readers import exported_rows
 from tests.integration.test_spark_export import cli_export, enable_and_tier, local_spark, registry_storage_topic
-from tests.registry_rows import Produced, check_decoded
+from tests.registry_rows import FramedValues, check_decoded
 from tests.sidecar_harness import settings, write_config
 from tiering.bench.registry_values import storage_record
 from tiering_core.schema_registry import schemas_from_topic
@@ -102,7 +102,7 @@ def expected_row(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     return row
 
 
-class Written(Produced):
+class Written(FramedValues):
     def __init__(self, topic: str, config: Path) -> None:
         super().__init__(topic, config)
         self.keys: dict[int, str | None] = {}  # the key's text; None: a key that is not framed

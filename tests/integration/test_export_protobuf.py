@@ -39,7 +39,7 @@ from tests.protobuf_values import (
     message_class,
     order,
 )
-from tests.registry_rows import Produced, check_decoded
+from tests.registry_rows import FramedValues, check_decoded
 from tests.sidecar_harness import settings, write_config
 from tiering.bench.registry_values import storage_record
 from tiering_core.schema_registry import schemas_from_topic
@@ -72,7 +72,7 @@ def expected_row(message: Any, version: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Produced:
+def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> FramedValues:
     topic = create_topic(stack.bootstrap, internal_segment_bytes=64 * 1024)
     subject = f"{topic}-value"
     common = [{"name": "common.proto", "subject": "shop-common", "version": 1}]
@@ -83,7 +83,7 @@ def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Produ
     texts = {1: ORDER_V1, 2: ORDER_V2}
     classes = {v: compile_proto({"common.proto": COMMON, "order.proto": text}) for v, text in texts.items()}
     producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5, "batch.size": 16384})  # < a segment
-    out = Produced(topic, write_config(stack, tmp_path_factory.mktemp("protobuf"),
+    out = FramedValues(topic, write_config(stack, tmp_path_factory.mktemp("protobuf"),
                                       schema_registry={"topic": schemas_topic}))  # fmt: skip
     sent = itertools.count()
 
@@ -129,7 +129,7 @@ def spark() -> Iterator[SparkSession]:
     yield from local_spark("protobuf export tests")
 
 
-def check(path: str, fmt: str, written: Produced, last: int) -> None:
+def check(path: str, fmt: str, written: FramedValues, last: int) -> None:
     rows = {r["offset"]: r for r in exported_rows(path, fmt, ["offset", *FIELDS, "_corrupt", "_error"])}
     assert sum(1 for o in rows if (written.expected[o] or {}).get("channel") is not None) > 1_000, "too few v2"
     errors = check_decoded(rows, written, FIELDS, last, lambda want: want, lambda got: {**got,
@@ -137,7 +137,7 @@ def check(path: str, fmt: str, written: Produced, last: int) -> None:
     assert len({written.errors[o].split(" with ")[0] for o in errors}) == 3, "not every kind of bad value exported"
 
 
-def test_protobuf_values_become_typed_columns_in_parquet(written: Produced, spark: SparkSession,
+def test_protobuf_values_become_typed_columns_in_parquet(written: FramedValues, spark: SparkSession,
                                                          tmp_path: Path) -> None:  # fmt: skip
     cfg = settings(written.config)
     versions = schemas_from_topic(cfg.bootstrap_servers, {}, cfg.schema_registry.topic).versions(
@@ -154,14 +154,14 @@ def test_protobuf_values_become_typed_columns_in_parquet(written: Produced, spar
     assert "value" not in schema and schema["_corrupt"] == "binary"
 
 
-def test_the_cli_exports_protobuf_values_to_delta_with_auto(written: Produced, tmp_path: Path) -> None:
+def test_the_cli_exports_protobuf_values_to_delta_with_auto(written: FramedValues, tmp_path: Path) -> None:
     path = tmp_path / "delta"
     summary = cli_export(written.topic, "delta", path, written.config, "--value-format", "auto",
                          "--value-message", "Order")  # fmt: skip
     check(str(path), "delta", written, summary["ranges"]["0"][1])
 
 
-def test_a_message_type_the_schema_lacks_is_one_sentence_before_spark(written: Produced) -> None:
+def test_a_message_type_the_schema_lacks_is_one_sentence_before_spark(written: FramedValues) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "tiering", "export", written.topic, "--path", "/tmp/never", "--value-format",
          "protobuf", "--value-message", "shop.Nope", "--config", str(written.config)],

@@ -263,6 +263,24 @@ def test_incremental_runs_add_only_new_records_exactly_once(
         assert len(list((path / "_kafka_tiered" / tiered.topic).glob("*.json"))) == 2
 
 
+def test_an_incremental_run_with_nothing_new_answers_before_spark_starts(tiered: Tiered, tmp_path: Path) -> None:
+    """A scheduled incremental export that finds nothing new answers from the commit markers alone: given a
+    Spark master nobody listens on, it still answers, commits nothing and writes nothing."""
+    path = tmp_path / "pq"
+    first = cli_export(tiered.topic, "parquet", path, tiered.config, "--incremental")
+    assert first["committed"] and first["rows"] > 0
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    run = subprocess.run(
+        [sys.executable, "-m", "tiering", "export", tiered.topic, "--path", str(path), "--incremental",
+         "--master", "spark://127.0.0.1:9", "--config", str(tiered.config)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (summary["committed"], summary["rows"], summary["ranges"]) == (False, 0, {})
+    assert sorted(p for p in path.rglob("*") if p.is_file()) == files
+
+
 def test_same_ranges_exported_twice_commit_once_in_delta(tiered: Tiered, spark: SparkSession, tmp_path: Path) -> None:
     """Delta's idempotent write keyed by the offset ranges: a repeated (or concurrent) run of the same
     ranges commits nothing, even without --incremental."""

@@ -9,6 +9,7 @@ import re
 import threading
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -26,6 +27,9 @@ from tiering_core.schema_registry import (
     schemas_from_topic,
 )
 from tiering_core.stores.base import RemoteStoreError
+
+if TYPE_CHECKING:
+    from reader.spark.export import ExportRequest, ExportResult
 
 console = Console(stderr=True)
 
@@ -221,7 +225,7 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
     if "://" not in path and fmt != "iceberg":
         path = os.path.abspath(path)
 
-    from reader.spark.export import ExportRequest, planned_ranges, run_export
+    from reader.spark.export import ExportRequest, nothing_new, planned_ranges, run_export
     from reader.spark.registry_protobuf import message_type
     from reader.spark.session import export_session
     from tiering_core.spark_jars import spark_jars
@@ -257,6 +261,10 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
         planned_ranges(request, {})  # bad options, unknown topic, deleted offsets: all before Spark starts
         if fmt == "iceberg":
             iceberg_catalog(catalog or "")
+        idle = nothing_new(request)
+        if idle is not None:
+            click.echo(json.dumps(_summary(request, idle)))
+            return
         spark = export_session(master, spark_jars(), conf=conf)
     except (TieringError, RemoteStoreError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -275,12 +283,16 @@ def export(topic: str, fmt: str, path: str, catalog: str | None, from_: str | No
     finally:
         done.set()
         bar.join()
-    summary = {
-        "topic": topic, "format": fmt, "path": path, "rows": result.rows, "committed": result.committed,
-        "run": result.run_id,
-        "ranges": {str(r.partition): [r.first, r.last] for r in result.ranges if r.last >= r.first},
-    }  # fmt: skip
     if show and fmt != "iceberg":
         reader = spark.read.format("delta") if fmt == "delta" else spark.read
         reader.load(path).orderBy("partition", "offset").limit(show).show(show, truncate=40)
-    click.echo(json.dumps(summary))
+    click.echo(json.dumps(_summary(request, result)))
+
+
+def _summary(request: ExportRequest, result: ExportResult) -> dict[str, Any]:
+    """The one JSON line an export prints: what it exported (ranges: first and last offset, inclusive)."""
+    return {
+        "topic": request.topic, "format": request.format, "path": request.path, "rows": result.rows,
+        "committed": result.committed, "run": result.run_id,
+        "ranges": {str(r.partition): [r.first, r.last] for r in result.ranges if r.last >= r.first},
+    }  # fmt: skip
