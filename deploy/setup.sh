@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh Debian machine (run as root), idempotently:
-# etcd (and kcat, a reader the tests check the access layer with, promtool and PostgreSQL) from Debian, this package with its test extras, Kafka's jars from Maven Central and MinIO
-# built with `go install` (both cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}); for the
+# etcd (and kcat, a reader the tests check the access layer with, promtool and PostgreSQL) from Debian, this package with its test extras, Kafka's jars (and Iceberg's REST catalog server's) from Maven Central and MinIO
+# built with `go install` (all cached under ${TIERING_CACHE_DIR:-~/.cache/tiering}); for the
 # containers backend, podman, runc and debootstrap from Debian (the images are built by
 # `tiering dev images`, which .ci/run calls, or on a stack's first start).
 set -euo pipefail
@@ -62,3 +62,7 @@ if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 
 echo "setup: fetching Kafka, Delta and Spark Kafka source jars and building MinIO (first time only; minutes)"
 python3 -m tiering dev fetch
+# Iceberg's REST catalog server, the third catalog of the Iceberg export's tests (deploy/iceberg_rest.py; its jars are
+# fetched on a test's first use otherwise).
+echo "setup: fetching Iceberg's REST catalog server jars (first time only)"
+python3 -c 'from deploy.iceberg_rest import fetch_jars; fetch_jars()'

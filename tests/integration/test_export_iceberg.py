@@ -1,8 +1,8 @@
 """Iceberg tables from the remote copies (issue 28, part 2): a SQL catalog on sqlite with a warehouse on the
-filesystem, and as production runs it, a SQL catalog on PostgreSQL with a warehouse on S3 (the stack's MinIO);
-Spark writes the files, pyiceberg commits them. Read back with
-pyiceberg (to Arrow) and with DuckDB over the files the table lists: every committed offset exactly once, equal
-to what was produced."""
+filesystem, as production runs it, a SQL catalog on PostgreSQL with a warehouse on S3 (the stack's MinIO), and a
+REST catalog (Iceberg's own REST server) with its warehouse on S3; Spark writes the files, pyiceberg commits them.
+Read back with pyiceberg (to Arrow) and with DuckDB over the files the table lists: every committed offset exactly
+once, equal to what was produced."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyspark.sql import SparkSession
 
 from deploy.errors import StackError
+from deploy.iceberg_rest import start_rest_catalog
 from deploy.postgres import Postgres, start_postgres
 from deploy.procs import free_port
 from deploy.stack import Endpoints
@@ -54,13 +55,38 @@ def postgres() -> Iterator[Postgres]:
     server.stop()
 
 
-def s3_catalog_properties(stack: Endpoints, postgres: Postgres) -> dict[str, str]:
-    """A catalog on PostgreSQL whose warehouse is a new prefix of the stack's bucket (pyiceberg's S3 names)."""
+def s3_properties(stack: Endpoints) -> dict[str, str]:
+    """The stack's S3 (MinIO) as pyiceberg names its settings (Iceberg's S3FileIO reads the same names)."""
     s3 = stack.s3
-    return {"type": "sql", "uri": postgres.uri,
-            "warehouse": f"s3://{s3.bucket}/iceberg-{uuid.uuid4().hex[:8]}", "s3.endpoint": s3.endpoint_url,
-            "s3.access-key-id": s3.access_key, "s3.secret-access-key": s3.secret_key, "s3.region": s3.region,
-            "s3.path-style-access": "true"}  # fmt: skip
+    return {"s3.endpoint": s3.endpoint_url, "s3.access-key-id": s3.access_key, "s3.secret-access-key": s3.secret_key,
+            "s3.region": s3.region, "s3.path-style-access": "true"}  # fmt: skip
+
+
+def s3_warehouse(stack: Endpoints) -> str:
+    """A new prefix of the stack's bucket."""
+    return f"s3://{stack.s3.bucket}/iceberg-{uuid.uuid4().hex[:8]}"
+
+
+def s3_catalog_properties(stack: Endpoints, postgres: Postgres) -> dict[str, str]:
+    """A catalog on PostgreSQL whose warehouse is a new prefix of the stack's bucket."""
+    return {"type": "sql", "uri": postgres.uri, "warehouse": s3_warehouse(stack), **s3_properties(stack)}
+
+
+@pytest.fixture
+def rest_catalog(stack: Endpoints) -> Iterator[dict[str, str]]:
+    """A REST catalog server of the test's own (a new warehouse, as the other catalogs have: a test lists the files
+    under it) on a new prefix of the stack's bucket, written by the server through Iceberg's S3FileIO; the
+    properties pyiceberg reaches it with."""
+    warehouse = s3_warehouse(stack)
+    s3 = s3_properties(stack)
+    backend = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "client.region": stack.s3.region, **s3}
+    directory = Path(tempfile.mkdtemp(prefix="tiering-iceberg-rest-"))
+    try:
+        server = start_rest_catalog(directory, free_port(), warehouse, backend)
+    except StackError as exc:
+        unavailable("the Iceberg REST catalog", exc)
+    yield {"type": "rest", "uri": server.uri, "warehouse": warehouse, **s3}
+    server.stop()
 
 
 def local_copies(table: Any, tmp: Path) -> list[str]:
@@ -78,12 +104,14 @@ def local_copies(table: Any, tmp: Path) -> list[str]:
     return out
 
 
-@pytest.fixture(params=["filesystem", "s3"])
+@pytest.fixture(params=["filesystem", "s3", "rest"])
 def props(request: pytest.FixtureRequest, tmp_path: Path, stack: Endpoints) -> dict[str, str]:
-    """The catalog each test runs with: sqlite with a directory as the warehouse, and as production runs it,
-    PostgreSQL with the warehouse on S3 (MinIO)."""
+    """The catalog each test runs with: sqlite with a directory as the warehouse, as production runs it,
+    PostgreSQL with the warehouse on S3 (MinIO), and a REST catalog with the warehouse on S3."""
     if request.param == "filesystem":
         return catalog_properties(tmp_path)
+    if request.param == "rest":
+        return dict(request.getfixturevalue("rest_catalog"))
     return s3_catalog_properties(stack, request.getfixturevalue("postgres"))
 
 
