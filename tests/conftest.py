@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from deploy import stack as stack_mod
 from deploy.errors import StackError
 from deploy.stack import BACKENDS, Backend, Endpoints
-from tests.kafka_clients import holders, open_clients
+from tests.kafka_clients import holders, in_call_on_thread, open_clients
 
 BACKEND_ENV = "TIERING_TEST_BACKEND"
 
@@ -65,6 +66,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _OPEN_BEFORE: set[int] = set()  # ids of the clients open when the previous module ended
+_IN_FLIGHT_GRACE_SECONDS = 90.0  # above the longest request timeout of the components' threads
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,11 +79,20 @@ def _kafka_clients_released(request: pytest.FixtureRequest) -> Iterator[None]:
     dropping the last reference destroys it). Such a client keeps reconnecting once the stack has
     stopped ("Connection refused" at the end of the session) and can crash the interpreter's exit.
     Clients already open when the previous module ended (a session fixture's, or another module's,
-    reported there) are left out. One ``gc.collect()`` and one scan of the heap per module."""
+    reported there) are left out. One ``gc.collect()`` and one scan of the heap per module; while a leaked client
+    is still in use by a call on a thread of its own (a component's daemon thread finishing its last request,
+    bounded by that request's timeout, after the component was closed), the scan is repeated for up to
+    ``_IN_FLIGHT_GRACE_SECONDS``: the client is released when that call returns, or reported."""
     yield
-    gc.collect()
-    found = open_clients()
-    leaked = [client for client in found if id(client) not in _OPEN_BEFORE]
+    deadline = time.monotonic() + _IN_FLIGHT_GRACE_SECONDS
+    while True:
+        gc.collect()
+        found = open_clients()
+        leaked = [client for client in found if id(client) not in _OPEN_BEFORE]
+        if not leaked or time.monotonic() >= deadline or not any(in_call_on_thread(c) for c in leaked):
+            break
+        del found, leaked
+        time.sleep(1.0)
     _OPEN_BEFORE.clear()
     _OPEN_BEFORE.update(id(client) for client in found)
     if leaked:

@@ -17,6 +17,7 @@ references, but the garbage collector tracks them): well under a second even for
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import types
 from typing import Any
@@ -54,6 +55,17 @@ def _with_subclasses(roots: tuple[type, ...]) -> set[type]:
             found.add(kind)
             todo.extend(kind.__subclasses__())
     return found
+
+
+def in_call_on_thread(client: Any) -> bool:
+    """Whether a call on another thread than this one is using ``client`` now (a frame of it holds ``client``)."""
+    here = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        while ident != here and frame is not None:
+            if any(value is client for value in frame.f_locals.values()):
+                return True
+            frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def holders(target: Any, ignore: tuple[Any, ...] = (), depth: int = 8) -> str:
