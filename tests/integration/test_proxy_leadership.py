@@ -1,5 +1,6 @@
 """Through the proxy on three brokers: a consumer reads a tiered topic from offset 0 while its leader goes away
-(a controlled shutdown) and comes back; producing continues through the proxy; nothing is missed or repeated."""
+(a controlled shutdown) and comes back; producing continues through the proxy; nothing is missed or repeated. A
+Fetch at a broker that does not lead the partition gets the leader's address at the proxy (KIP-951)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from deploy import stack as stack_mod
 from deploy.stack import Endpoints
 from tests.conftest import create_topic
+from tests.kafka_wire import RawKafka
 from tests.integration.test_sidecar_failover import produce
 from tests.integration.test_sidecar_policies import cli
 from tests.proxy_harness import check_exact, proxy_bootstrap, proxy_for
@@ -21,6 +23,31 @@ from tests.sidecar_harness import sidecars_running, wait_for, write_config
 from tiering_core.kafka_cluster import KafkaCluster
 
 pytestmark = pytest.mark.integration
+NOT_LEADER_OR_FOLLOWER = 6
+
+
+@pytest.mark.parametrize("advertised", ["127.0.0.1", "a-proxy-name-longer-than-the-brokers.example"])
+def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(stack3: Endpoints, tmp_path: Path,
+                                                                              advertised: str) -> None:  # fmt: skip
+    """Fetch v16+ answers NOT_LEADER_OR_FOLLOWER with the leader's id and address (KIP-951): the client must get
+    the proxy's address for the leader (the broker's would take it around the proxy), whatever the length of the
+    proxy's host name against the broker's (the answer's size changes)."""
+    topic = create_topic(stack3.bootstrap, partitions=1, replication=1)
+    with KafkaCluster(stack3.bootstrap) as cluster:
+        leader = cluster.topics([topic])[topic].partitions[0].leader
+    other = next(b.id for b in stack3.brokers if b.id != leader)
+    config = write_config(stack3, tmp_path, broker=1)
+    with proxy_for(config, stack3.bootstrap, advertised_host=advertised) as proxy:
+        with RawKafka(f"127.0.0.1:{proxy.router.port_for(other)}") as raw:
+            described = raw.metadata(topic)
+            assert described is not None
+            for version in (16, 17):
+                answer = raw.fetch(version, topic, described.topics[0].topic_id, 0, 0)
+                assert answer is not None, f"Fetch v{version}: the answer did not parse"
+                partition = answer.responses[0].partitions[0]
+                assert partition.error_code == NOT_LEADER_OR_FOLLOWER and partition.current_leader.leader_id == leader
+                endpoints = {int(e.node_id): (e.host, int(e.port)) for e in answer.node_endpoints}
+                assert endpoints == {leader: (advertised, proxy.router.port_for(leader))}
 
 
 def test_reading_through_the_proxy_while_leadership_moves(stack3: Endpoints, tmp_path: Path) -> None:
