@@ -15,9 +15,9 @@ from confluent_kafka import Consumer, TopicPartition
 from deploy import stack as stack_mod
 from deploy.stack import Endpoints
 from tests.conftest import create_topic
-from tests.kafka_wire import RawKafka
 from tests.integration.test_sidecar_failover import produce
 from tests.integration.test_sidecar_policies import cli
+from tests.kafka_wire import RawKafka
 from tests.proxy_harness import check_exact, proxy_bootstrap, proxy_for
 from tests.sidecar_harness import sidecars_running, wait_for, write_config
 from tiering_core.kafka_cluster import KafkaCluster
@@ -37,17 +37,19 @@ def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(st
         leader = cluster.topics([topic])[topic].partitions[0].leader
     other = next(b.id for b in stack3.brokers if b.id != leader)
     config = write_config(stack3, tmp_path, broker=1)
-    with proxy_for(config, stack3.bootstrap, advertised_host=advertised) as proxy:
-        with RawKafka(f"127.0.0.1:{proxy.router.port_for(other)}") as raw:
-            described = raw.metadata(topic)
-            assert described is not None
-            for version in (16, 17):
-                answer = raw.fetch(version, topic, described.topics[0].topic_id, 0, 0)
-                assert answer is not None, f"Fetch v{version}: the answer did not parse"
-                partition = answer.responses[0].partitions[0]
-                assert partition.error_code == NOT_LEADER_OR_FOLLOWER and partition.current_leader.leader_id == leader
-                endpoints = {int(e.node_id): (e.host, int(e.port)) for e in answer.node_endpoints}
-                assert endpoints == {leader: (advertised, proxy.router.port_for(leader))}
+    with (
+        proxy_for(config, stack3.bootstrap, advertised_host=advertised) as proxy,
+        RawKafka(f"127.0.0.1:{proxy.router.port_for(other)}") as raw,
+    ):
+        described = raw.metadata(topic)
+        assert described is not None
+        for version in (16, 17):
+            answer = raw.fetch(version, topic, described.topics[0].topic_id, 0, 0)
+            assert answer is not None, f"Fetch v{version}: the answer did not parse"
+            partition = answer.responses[0].partitions[0]
+            assert partition.error_code == NOT_LEADER_OR_FOLLOWER and partition.current_leader.leader_id == leader
+            endpoints = {int(e.node_id): (e.host, int(e.port)) for e in answer.node_endpoints}
+            assert endpoints == {leader: (advertised, proxy.router.port_for(leader))}
 
 
 def test_reading_through_the_proxy_while_leadership_moves(stack3: Endpoints, tmp_path: Path) -> None:
