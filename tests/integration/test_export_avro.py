@@ -120,7 +120,7 @@ class Written:
 def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Written:
     topic = create_topic(stack.bootstrap, internal_segment_bytes=64 * 1024)
     schemas_topic = registry_storage_topic(stack.bootstrap, schema_records(f"{topic}-value"))
-    producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5, "batch.size": 16384})  # < a segment
     out = Written(topic, schemas_topic, write_config(stack, tmp_path_factory.mktemp("avro"),
                                                      schema_registry={"topic": schemas_topic}))  # fmt: skip
     subject = f"{topic}-value"
