@@ -30,8 +30,8 @@ NOT_LEADER_OR_FOLLOWER = 6
 def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(stack3: Endpoints, tmp_path: Path,
                                                                               advertised: str) -> None:  # fmt: skip
     """Fetch v16+ answers NOT_LEADER_OR_FOLLOWER with the leader's id and address (KIP-951): the client must get
-    the proxy's address for the leader (the broker's would take it around the proxy), whatever the length of the
-    proxy's host name against the broker's (the answer's size changes)."""
+    the proxy's address for the leader (the broker's would take it around the proxy), for a proxy host as long as
+    the broker's (127.0.0.1) and for a longer one (the rewritten answer is larger than the broker's)."""
     topic = create_topic(stack3.bootstrap, partitions=1, replication=1)
     with KafkaCluster(stack3.bootstrap) as cluster:
         leader = cluster.topics([topic])[topic].partitions[0].leader
@@ -48,6 +48,8 @@ def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(st
             assert answer is not None, f"Fetch v{version}: the answer did not parse"
             partition = answer.responses[0].partitions[0]
             assert partition.error_code == NOT_LEADER_OR_FOLLOWER and partition.current_leader.leader_id == leader
+            assert proxy.router.broker_address(leader) is not None
+            assert proxy.router.broker_address(leader)[0] == "127.0.0.1"  # the two cases are the ones named above
             endpoints = {int(e.node_id): (e.host, int(e.port)) for e in answer.node_endpoints}
             assert endpoints == {leader: (advertised, proxy.router.port_for(leader))}
 
