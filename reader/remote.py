@@ -1,7 +1,8 @@
 """The remote partition reader: offset -> finished copy -> offset index -> ranged GETs of just the bytes needed.
 
-``RemoteReader`` owns what every remote read shares: the catalog, the fetcher (retries, rate limit,
-concurrency cap, disk cache), the index cache, the memory pool and the download threads.
+``RemoteReader`` owns what every remote read shares: the catalog (either ``CopyCatalog``: the metadata WAL's
+or the object listing's), the fetcher (retries, rate limit, concurrency cap, disk cache), the index cache, the
+memory pool and the download threads.
 The cursors of reader/cursor.py read whole batches with read-ahead for the access layer and the HTTP
 service; ``stream(...)`` (reader/stream.py) decodes records sequentially with read-ahead (the consumer's).
 
@@ -14,11 +15,13 @@ mismatch raises an error naming the key; nothing of a damaged range is returned.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 import crc32c
 
 from reader.catalog import MetadataCatalog
 from reader.config import ReaderSettings
+from reader.copy_catalog import CopyCatalog
 from reader.errors import NotInRemote, OffsetOutOfRange, RemoteDataCorrupt, RemoteObjectMissing
 from reader.fetcher import RangeFetcher
 from reader.hotdata import HotDataPreloader
@@ -33,12 +36,13 @@ from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
 
 log = get_logger(__name__)
+C = TypeVar("C", bound=CopyCatalog)
 
 
-class RemoteReader:
+class RemoteReader(Generic[C]):
     """Remote reads for one cluster. Thread-safe. ``close()`` stops the download threads and the catalog."""
 
-    def __init__(self, settings: ReaderSettings, catalog: MetadataCatalog, store: RemoteStore) -> None:
+    def __init__(self, settings: ReaderSettings, catalog: C, store: RemoteStore) -> None:
         self.settings = settings
         self.catalog = catalog
         self.fetcher = RangeFetcher(store, settings)
@@ -50,7 +54,7 @@ class RemoteReader:
             self.preloader = HotDataPreloader(self, settings.hot_data_interval_seconds).start()
 
     @classmethod
-    def open(cls, settings: ReaderSettings, topics: list[str] | None = None) -> RemoteReader:
+    def open(cls, settings: ReaderSettings, topics: list[str] | None = None) -> RemoteReader[MetadataCatalog]:
         """A reader with its own store, cluster client and started catalog (following ``topics``' metadata)."""
         store = open_store(settings.remote_storage)
         cluster = KafkaCluster(settings.bootstrap_servers, client_config=client_properties(settings.kafka_client))
@@ -63,7 +67,7 @@ class RemoteReader:
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.catalog.close()
 
-    def __enter__(self) -> RemoteReader:
+    def __enter__(self) -> RemoteReader[C]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -157,7 +161,7 @@ class RemoteReader:
             ref = copy.ref
             self.catalog.catch_up()
             still = self.catalog.copy_for_offset(ref.topic, ref.partition, copy.base_offset, ref.topic_id)
-            if still is None or still.segment_id != ref.segment_id.bytes:
+            if still is None or self.catalog.ref(ref.topic, ref.partition, still, ref.topic_id) != ref:
                 rx, _ = self.catalog.remote_offsets(ref.topic, ref.partition, ref.topic_id)
                 raise OffsetOutOfRange(ref.topic, ref.partition, copy.base_offset, rx, None) from None
             raise

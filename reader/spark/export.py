@@ -25,8 +25,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from reader.listing import list_remote_partitions
 from reader.spark.iceberg_output import IcebergOutput
-from reader.spark.listing import list_remote_partitions
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput, new_run_id
 from reader.spark.planning import PartitionRange

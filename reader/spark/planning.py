@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reader.spark.listing import Copy, RemotePartition
+from reader.listing import Copy, RemotePartition
 from reader.spark.slices import SegmentSlice, read_slice
 from tiering_core.errors import TieringError
 from tiering_core.formats import parse_offset_index, parse_time_index, parse_txn_index

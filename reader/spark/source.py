@@ -18,9 +18,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from reader.listing import RemotePartition, list_remote_partitions
 from reader.spark.broker_tail import BrokerSlice, read_broker_slice, tail_slices, with_local_tails
 from reader.spark.columns import SPARK_SCHEMA
-from reader.spark.listing import RemotePartition, list_remote_partitions
 from reader.spark.options import ReadOptions, parse_options
 from reader.spark.planning import PartitionRange, plan_slices, resolve_range
 from reader.spark.slices import SlicePack, pack_slices, read_slice

@@ -3,7 +3,9 @@
 Three read paths serve tiered data: the TieredConsumer's stream (``PartitionStream``, decoded records), the
 cursors the access layer and the HTTP service serve batches from (``CursorCache``, whole batches and their
 aborted transactions, filtered by the client), and the Spark source's slices (``plan_slices`` / ``read_slice``,
-Arrow rows). They share the copy choice and the abort rule; this test reads one topic through all three and
+Arrow rows). The stream and the cursors run on the read core over either catalog (the metadata WAL's, the
+object listing's: both are read here). They share the copy choice and the abort rule; this test reads one
+topic through all of them and
 compares each record, byte for byte, with what librdkafka read from the broker before the segments left its
 disk, read_committed and read_uncommitted. The topic is written to make transactions hard: three
 transactional producers interleave their batches with a plain producer's, transactions commit or abort in a
@@ -27,7 +29,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from deploy.stack import Endpoints
 from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_settings
 from reader.cursor import CursorCache
-from reader.spark.listing import list_remote_partitions
+from reader.listing import ListingCatalog, list_remote_partitions
 from reader.spark.planning import PartitionRange, plan_slices
 from reader.spark.slices import read_slice
 from tests.conftest import create_topic
@@ -224,6 +226,10 @@ def test_every_remote_reader_serves_what_kafkas_consumer_read(written: dict[str,
             "stream (TieredConsumer)": _via_stream(reader, topic, committed),
             "cursors (access layer, HTTP)": _via_cursors(reader, topic, topic_id, committed),
         }
+    store = open_store(settings.remote_storage)
+    with RemoteReader(settings, ListingCatalog(list_remote_partitions(store, [topic])), store) as listed:
+        readers["stream over the object listing"] = _via_stream(listed, topic, committed)
+        readers["cursors over the object listing"] = _via_cursors(listed, topic, topic_id, committed)
     if committed:
         readers["slices (Spark source)"] = _via_spark_slices(written["config"], topic, topic_id, ry)
     for name, got in readers.items():

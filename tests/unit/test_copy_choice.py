@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metadata import MetadataState
-from reader.spark.listing import choose_copies
+from reader.listing import choose_copies
 from segment_fsm import SegmentState
 from tests.metadata_factory import TOPIC_ID, seg
 from tiering_core.objects import Manifest

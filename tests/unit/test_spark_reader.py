@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reader.spark.listing import choose_copies, split_topic_dir
+from reader.listing import choose_copies, split_topic_dir
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput
 from reader.spark.slices import SegmentReadError, SegmentSlice, pack_slices, read_slice

@@ -142,8 +142,8 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     the same on both sides; `decoder` names the record decoder (native or python, see
     tiering_core.formats.native). Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
+    from reader.listing import UnknownTopic
     from reader.spark.export import KAFKA_COLUMNS
-    from reader.spark.listing import UnknownTopic
     from reader.spark.options import parse_options, store_options
     from reader.spark.planning import plan_slices
     from reader.spark.registry_avro import decode_registry_avro

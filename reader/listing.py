@@ -1,4 +1,5 @@
-"""The remote copies of a topic's partitions, found from the object listing alone (no broker, no WAL).
+"""The remote copies of a topic's partitions, found from the object listing alone (no broker, no WAL), and
+``ListingCatalog``: the read core's catalog (``reader.copy_catalog.CopyCatalog``) over what was listed.
 
 A copy counts once its manifest exists: the manifest is the last object a copy writes, and the
 first one a deletion removes, so a listed manifest is a finished copy (or one whose deletion has
@@ -9,13 +10,15 @@ the copy of the higher leader epoch, then the one reaching further, then the lat
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tiering_core.errors import TieringError
-from tiering_core.objects import Manifest, parse_key
+from tiering_core.objects import Manifest, SegmentRef, parse_key
 from tiering_core.stores.prefixed import PrefixedStore
 
 _TOPIC_ID_LEN = 22  # Kafka's Uuid in URL-safe base64, no padding
@@ -139,3 +142,44 @@ def choose_copies(manifests: list[Manifest]) -> list[Copy]:
         chosen.append(Copy(best, ref.key("log"), ref.key("indexes"), next_offset, best.end_offset))
         next_offset = best.end_offset + 1
     return chosen
+
+
+class ListingCatalog:
+    """``CopyCatalog`` over listed partitions (``list_remote_partitions``): the copies a plan saw, each chosen for
+    the offsets ``choose_copies`` gave it (a partition's ``first`` already raised to a user's log start, as the
+    Spark source's plan does). It never changes: a copy deleted since reads as a missing object, naming its key."""
+
+    def __init__(self, partitions: Iterable[RemotePartition]) -> None:
+        self._partitions = {(rp.topic_id, rp.partition): rp for rp in partitions if rp.copies}
+        self._ids = {rp.topic: rp.topic_id for rp in self._partitions.values()}
+
+    def _partition(self, topic: str, partition: int, topic_id: str | None) -> RemotePartition | None:
+        return self._partitions.get((topic_id or self._ids.get(topic, ""), partition))
+
+    def copies(self, topic: str, partition: int, topic_id: str | None = None) -> list[Manifest]:
+        rp = self._partition(topic, partition, topic_id)
+        return [] if rp is None else [c.manifest for c in rp.copies]
+
+    def copy_for_offset(self, topic: str, partition: int, offset: int, topic_id: str | None = None) -> Manifest | None:
+        rp = self._partition(topic, partition, topic_id)
+        if rp is None:
+            return None
+        i = bisect.bisect_right(rp.copies, offset, key=lambda c: c.first) - 1
+        return rp.copies[i].manifest if i >= 0 and offset <= rp.copies[i].last else None
+
+    def remote_offsets(self, topic: str, partition: int, topic_id: str | None = None) -> tuple[int | None, int | None]:
+        rp = self._partition(topic, partition, topic_id)
+        return (None, None) if rp is None else (rp.start, rp.end)
+
+    def ref(self, topic: str, partition: int, copy: Manifest, topic_id: str | None = None) -> SegmentRef:
+        return copy.ref
+
+    def catch_up(self, timeout: float = 30.0) -> None:
+        """Nothing to take in: the catalog is the listing the plan was made from."""
+
+    def download_paused(self, topic: str, topic_id: str | None = None) -> bool:
+        """The listing knows no tiering state: a paused topic's copies are still read (as ``tiering export`` does)."""
+        return False
+
+    def close(self) -> None:
+        """Holds no clients."""
