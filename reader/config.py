@@ -18,6 +18,7 @@ from tiering_core.cluster_settings import ClusterSettings
 from tiering_core.settings import load_settings_file
 
 MIB = 1 << 20
+MIN_WINDOW_BYTES = 64 * 1024  # a window holds at least a batch of a 64 KiB fetch, and few GETs per MiB
 
 
 class ReaderSettings(ClusterSettings):
@@ -33,7 +34,7 @@ class ReaderSettings(ClusterSettings):
         description="Hard cap on downloaded bytes held in memory (read-ahead and data being decoded).",
     )  # fmt: skip
     fetch_window_bytes: int = Field(
-        default=4 * MIB, ge=64 * 1024,
+        default=4 * MIB, ge=MIN_WINDOW_BYTES,
         description="Size of one ranged GET while reading sequentially (the unit of prefetch and disk cache).",
     )  # fmt: skip
     prefetch_windows: int = Field(

@@ -89,10 +89,15 @@ class ReadAhead:
         self.closed = False
 
     # -- planning -------------------------------------------------------------------------------
-    def begin(self, copy: SegmentCopy, start: int) -> None:
-        """Drop every window and plan ``copy``'s from byte ``start`` (a batch boundary)."""
+    def begin(self, copy: SegmentCopy, start: int, end: int | None = None) -> None:
+        """Drop every window and plan ``copy``'s from byte ``start`` (a batch boundary); with ``end`` (a batch
+        boundary too), only up to it, and no next copy is located (a reader of a planned range: the Spark source)."""
         self.clear()
-        self._extend(copy, windows_from(copy, start, self.width))
+        ranges = windows_from(copy, start, self.width)
+        if end is not None:
+            ranges = [WindowRange(a, min(b, end)) for a, b in ranges if a < end]
+            self.located_after = copy
+        self._extend(copy, ranges)
         self.fill()
 
     def _extend(self, copy: SegmentCopy, ranges: list[WindowRange], after: SegmentCopy | None = None) -> bool:

@@ -89,26 +89,28 @@ class SegmentIndexCache:
         self.lock = threading.Lock()
         self.entries: OrderedDict[SegmentRef, SegmentCopy] = OrderedDict()
 
-    def get(self, ref: SegmentRef) -> SegmentCopy:
-        """The copy's manifest and indexes. Raises RemoteObjectMissing, RemoteDataCorrupt, RemoteUnavailable."""
+    def get(self, ref: SegmentRef, manifest: Manifest | None = None) -> SegmentCopy:
+        """The copy's manifest and indexes; ``manifest``: the copy's, already read (an object listing's), so only
+        the indexes are fetched. Raises RemoteObjectMissing, RemoteDataCorrupt, RemoteUnavailable."""
         with self.lock:
             found = self.entries.get(ref)
             if found is not None:
                 self.entries.move_to_end(ref)
                 return found
-        copy = self._load(ref)
+        copy = self._load(ref, manifest)
         with self.lock:
             self.entries[ref] = copy
             while len(self.entries) > self.capacity:
                 self.entries.popitem(last=False)
         return copy
 
-    def _load(self, ref: SegmentRef) -> SegmentCopy:
+    def _load(self, ref: SegmentRef, manifest: Manifest | None) -> SegmentCopy:
         manifest_key = ref.key("manifest")
-        try:
-            manifest = Manifest.decode(self.fetcher.get_object(manifest_key), manifest_key)
-        except ManifestError as exc:
-            raise RemoteDataCorrupt(manifest_key, 0, str(exc)) from exc
+        if manifest is None:
+            try:
+                manifest = Manifest.decode(self.fetcher.get_object(manifest_key), manifest_key)
+            except ManifestError as exc:
+                raise RemoteDataCorrupt(manifest_key, 0, str(exc)) from exc
         if (manifest.topic_id, manifest.partition, manifest.base_offset, manifest.segment_id) != (
             ref.topic_id, ref.partition, ref.base_offset, ref.segment_id,
         ):  # fmt: skip

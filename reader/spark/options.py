@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from reader.config import MIN_WINDOW_BYTES
 from tiering_core.errors import ConfigError
 from tiering_core.stores.config import STORE_CONFIGS, AnyStoreConfig
 
@@ -108,6 +109,9 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
     for name in ("max_slice_bytes", "max_rows_per_batch", "window_bytes"):
         if getattr(parsed, name) <= 0:
             raise ConfigError(f"kafka_tiered: option {name} must be positive")
+    if parsed.window_bytes < MIN_WINDOW_BYTES:
+        raise ConfigError(f"kafka_tiered: option windowBytes must be at least {MIN_WINDOW_BYTES} (64 KiB), the "
+                          f"read core's smallest window; got {parsed.window_bytes}")  # fmt: skip
     return parsed
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reader.listing import Copy, RemotePartition
-from reader.spark.slices import SegmentSlice, read_slice
+from reader.spark.slices import SegmentSlice, read_slice, slice_reader
 from tiering_core.errors import TieringError
 from tiering_core.formats import parse_offset_index, parse_time_index, parse_txn_index
 from tiering_core.formats.indexes import parse_producer_snapshot
@@ -30,6 +30,7 @@ from tiering_core.stores.base import RemoteStore
 EARLIEST = -2
 LATEST = -1
 _THREADS = 16
+_TIME_SCAN_WINDOW = 4 << 20  # the scan for a timestamp's offset stops at the first record at or after it
 
 
 class OffsetOutOfRange(TieringError):
@@ -102,15 +103,15 @@ def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int
         below = [e.offset for e in parse_time_index(index_part(store, copy, "time"), copy.manifest.base_offset)
                  if e.timestamp < timestamp]  # fmt: skip
         start_at = max(copy.first, below[-1] + 1 if below else copy.first)
-        part = SegmentSlice(rp.topic, rp.partition, copy.log_key, _position_at_or_before(store, copy, start_at),
-                            copy.manifest.log_size, start_at, copy.last,
-                            copy_offsets=(copy.manifest.base_offset, copy.manifest.end_offset))  # fmt: skip
+        part = SegmentSlice(rp.topic, rp.partition, copy, _position_at_or_before(store, copy, start_at),
+                            copy.manifest.log_size, start_at, copy.last)  # fmt: skip
         threshold = pa.scalar(timestamp * 1000, pa.timestamp("us", tz="UTC"))
-        for batch in read_slice(store, part):  # windowed reads: memory stays bounded
-            late = pc.greater_equal(batch.column("timestamp"), threshold)
-            index = pc.index(late, True).as_py()
-            if index >= 0:
-                return min(batch.column("offset")[index].as_py(), stable + 1)
+        with slice_reader(store, [rp], _TIME_SCAN_WINDOW) as reader:  # windowed reads: memory stays bounded
+            for batch in read_slice(reader, part):
+                late = pc.greater_equal(batch.column("timestamp"), threshold)
+                index = pc.index(late, True).as_py()
+                if index >= 0:
+                    return min(batch.column("offset")[index].as_py(), stable + 1)
     return stable + 1
 
 
@@ -166,8 +167,7 @@ def _copy_slices(
     mine = tuple(t for t in aborted if t[2] >= first and t[1] <= last)
     whole = first == m.base_offset and last >= m.end_offset
     if whole and m.log_size <= max_slice_bytes:
-        return [SegmentSlice(rng.topic, rng.partition, copy.log_key, 0, m.log_size, first, last, mine,
-                             m.log_size, m.log_crc32c, (m.base_offset, m.end_offset))]  # fmt: skip
+        return [SegmentSlice(rng.topic, rng.partition, copy, 0, m.log_size, first, last, mine)]
     offsets, positions = _offset_index(store, copy)
     i = bisect.bisect_right(offsets, first) - 1
     start = positions[i] if i >= 0 else 0
@@ -179,8 +179,5 @@ def _copy_slices(
             bounds.append(p)
     bounds.append(end)
     return [
-        SegmentSlice(
-            rng.topic, rng.partition, copy.log_key, a, b, first, last, mine, copy_offsets=(m.base_offset, m.end_offset)
-        )
-        for a, b in itertools.pairwise(bounds)
+        SegmentSlice(rng.topic, rng.partition, copy, a, b, first, last, mine) for a, b in itertools.pairwise(bounds)
     ]

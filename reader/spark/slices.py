@@ -1,25 +1,34 @@
-"""The data source's input: byte ranges of remote ``.log`` objects (slices), read in windows.
+"""The data source's input: byte ranges of remote copies (slices), read on the read core every remote reader shares.
 
-A slice is planned on the driver (``planning.py``) and read on an executor, which fetches its bytes
-itself with ranged GETs of at most ``window_bytes`` (plus one batch that crosses a window's end), so
-memory stays bounded whatever the segment size. Every batch's CRC-32C is checked; a slice that
-covers its whole object also checks the object's size and CRC-32C against the manifest. Control
-batches and the batches of aborted transactions are dropped (committed data only).
+A slice is planned on the driver (``planning.py``) and read on an executor through ``reader/readahead.py``: a
+``RemoteReader`` over a ``ListingCatalog`` of the copies the plan chose (``slice_reader``), the copy's
+batch-aligned windows of ``windowBytes`` (the windows every reader plans), the next window downloading while
+this one is decoded, in a memory pool of three windows per task, so memory stays bounded whatever the segment
+size. The core's fetcher retries and rate-limits the GETs and checks the object's size against its manifest;
+the decoder checks every batch's CRC-32C and offsets, and a slice that covers its whole object also checks the
+object's CRC-32C against the manifest. Control batches and the batches of aborted transactions are dropped
+(committed data only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import crc32c
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from reader.config import MIB, ReaderSettings
+from reader.errors import RemoteDataCorrupt
+from reader.listing import Copy, ListingCatalog, RemotePartition
+from reader.readahead import ReadAhead
+from reader.remote import RemoteReader
+from reader.segments import SegmentCopy
 from reader.spark.columns import ColumnBuilder, native_batch, records_section
 from reader.txn import AbortedRanges
 from tiering_core.errors import FormatError
-from tiering_core.formats.batch import HEADER_SIZE, LOG_OVERHEAD, check_header
+from tiering_core.formats.batch import LOG_OVERHEAD, check_header
 from tiering_core.formats.compression import decompress
 from tiering_core.formats.native import NATIVE
 from tiering_core.stores.base import RemoteStore
@@ -27,31 +36,33 @@ from tiering_core.stores.base import RemoteStore
 _native = NATIVE  # the compiled decoder, or None (tests set it to None to run the reference)
 
 
-class SegmentReadError(FormatError):
-    """A remote segment object is corrupt or not what its manifest says. The export fails; nothing is written."""
-
-
 @dataclass(frozen=True)
 class SegmentSlice:
-    """Bytes ``[start, end)`` of the object ``key``; rows with offsets in ``[first_offset, last_offset]``.
+    """Bytes ``[start, end)`` (batch boundaries) of ``copy``'s ``.log``; rows with offsets in ``[first_offset,
+    last_offset]``.
 
-    ``aborted`` holds (producer id, first offset, last offset) of every aborted transaction whose
-    range meets the slice. ``object_size``/``object_crc32c`` are set when the slice is the whole object.
-    ``copy_offsets`` are the offsets the copy's manifest says it holds: a batch outside them, or one not
-    after the batch before it, is corrupt (a batch's CRC does not cover its base offset).
+    ``aborted`` holds (producer id, first offset, last offset) of every aborted transaction whose range meets
+    the slice. A batch outside the offsets the copy's manifest says it holds, or one not after the batch before
+    it, is corrupt (a batch's CRC does not cover its base offset).
     """
 
     topic: str
     partition: int
-    key: str
+    copy: Copy
     start: int
     end: int
     first_offset: int
     last_offset: int
     aborted: tuple[tuple[int, int, int], ...] = ()
-    object_size: int | None = None
-    object_crc32c: int | None = None
-    copy_offsets: tuple[int, int] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.copy.log_key
+
+    @property
+    def whole(self) -> bool:
+        """The slice is the whole object: its CRC-32C is checked against the manifest's."""
+        return self.start == 0 and self.end == self.copy.manifest.log_size
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,171 @@ class SlicePack(InputPartition):
     """
 
     slices: tuple[SegmentSlice, ...]
+
+    def remote_partition(self) -> RemotePartition:
+        """The copies the pack reads, as the catalog of its task's reader."""
+        first = self.slices[0]
+        copies = tuple({s.copy.log_key: s.copy for s in self.slices}.values())
+        return RemotePartition(first.topic, first.copy.manifest.topic_id, first.partition, copies)
+
+
+def slice_reader(
+    store: RemoteStore, partitions: Iterable[RemotePartition], window_bytes: int
+) -> RemoteReader[ListingCatalog]:
+    """The read core for slices of these partitions' copies: windows of ``window_bytes``, one read ahead, a pool
+    of three (at least 4 MiB), two GETs at a time, no disk cache. The settings name no cluster: the listing is
+    the catalog. ``close()`` it (a context manager)."""
+    settings = ReaderSettings(
+        bootstrap_servers="", fetch_window_bytes=window_bytes, prefetch_windows=1,
+        prefetch_pool_bytes=max(3 * window_bytes, 4 * MIB), download_max_concurrency=2, index_cache_segments=16,
+        disk_cache_dir=None, hot_data_interval_seconds=None,
+    )  # fmt: skip
+    return RemoteReader(settings, ListingCatalog(partitions), store)
+
+
+def read_slice(reader: RemoteReader, part: SegmentSlice, *, max_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+    """Yield the slice's committed records as RecordBatches of at most about ``max_rows`` rows, read through
+    ``reader`` (``slice_reader``).
+
+    Raises RemoteObjectMissing (naming the key) if the object is gone, RemoteDataCorrupt if it is not what its
+    manifest says or a batch is corrupt; nothing of a damaged window is yielded after the error.
+    """
+    manifest = part.copy.manifest
+    copy = reader.indexes.get(manifest.ref, manifest)
+    windows = ReadAhead(reader, _unprepared)
+    try:
+        windows.begin(copy, part.start, part.end)
+        yield from decode_slice(part, _taken(windows), max_rows=max_rows, max_bytes=reader.settings.fetch_window_bytes)
+    except RemoteDataCorrupt as exc:
+        reader.damaged(exc.key)
+        raise
+    finally:
+        windows.close()
+
+
+def _unprepared(copy: SegmentCopy, data: bytes, start: int) -> tuple[None, int]:
+    """Nothing to do on the downloading thread: the decoder checks every batch as it decodes (in C, the GIL
+    released)."""
+    return None, 0
+
+
+def _taken(windows: ReadAhead) -> Iterator[tuple[bytes, int]]:
+    """The planned windows in order, each (bytes, where they start) while the decoder holds it."""
+    while windows.head() is not None:
+        w = windows.take()
+        assert w.data is not None
+        yield w.data, w.start
+        windows.pop()
+        windows.fill()
+
+
+def decode_slice(
+    part: SegmentSlice, windows: Iterable[tuple[bytes | memoryview, int]], *, max_rows: int = 65536,
+    max_bytes: int = 16 * MIB,
+) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The slice's committed records from its bytes, given as consecutive windows of whole batches from
+    ``part.start`` to ``part.end``; a RecordBatch whenever ``max_rows`` rows or ``max_bytes`` bytes of fields are
+    held. The compiled decoder does it when installed (``tiering_core.formats.native``), else the reference
+    loop, with the same checks in the same order and the same errors (RemoteDataCorrupt naming the key and the
+    batch's position in the object)."""
+    decoder = _NativeDecoder(part) if _native is not None else _PythonDecoder(part)
+    crc, pos = 0, part.start
+    for data, start in windows:
+        if start != pos:
+            raise AssertionError(f"{part.key}: a window at {start} where the slice is at {pos}")
+        local = 0
+        while local < len(data):
+            local = decoder.decode(data, start, local, max_rows, max_bytes)
+            if decoder.columns.rows >= max_rows or decoder.columns.data_bytes >= max_bytes:
+                batch = decoder.flush()
+                if batch is not None and batch.num_rows:
+                    yield batch
+        if part.whole:
+            crc = crc32c.crc32c(data, crc)
+        pos = start + len(data)
+    if pos != part.end:
+        raise RemoteDataCorrupt(part.key, pos, f"the slice's batches end here, not at its planned end {part.end}")
+    if part.whole and crc != part.copy.manifest.log_crc32c:
+        raise RemoteDataCorrupt(part.key, 0, f"object CRC-32C {crc} differs from the manifest's "
+                                f"{part.copy.manifest.log_crc32c}")  # fmt: skip
+    batch = decoder.flush()
+    if batch is not None and batch.num_rows:
+        yield batch
+
+
+class _NativeDecoder:
+    """``tiering_native.ColumnDecoder``: whole windows at a time with the GIL released. Both decoders hold their rows
+    in ``columns``, which counts them (``rows``, ``data_bytes``)."""
+
+    def __init__(self, part: SegmentSlice) -> None:
+        assert _native is not None
+        m = part.copy.manifest
+        self.part = part
+        self.columns = _native.ColumnDecoder(part.first_offset, part.last_offset, list(part.aborted), m.base_offset,
+                                             m.end_offset)  # fmt: skip
+
+    def decode(self, data: bytes | memoryview, start: int, local: int, max_rows: int, max_bytes: int) -> int:
+        """Decode from ``local`` on (at least a batch); returns where it stopped."""
+        assert _native is not None
+        try:
+            return self.columns.decode(data, local, max_rows, max_bytes)
+        except _native.DecodeError as exc:
+            raise RemoteDataCorrupt(self.part.key, start + exc.args[1], exc.args[2]) from exc
+
+    def flush(self) -> pa.RecordBatch | None:
+        return native_batch(self.part.topic, self.part.partition, self.columns)
+
+
+class _PythonDecoder:
+    """The reference: a batch at a time, records appended to Arrow columns in Python."""
+
+    def __init__(self, part: SegmentSlice) -> None:
+        m = part.copy.manifest
+        self.part = part
+        self.columns = ColumnBuilder(part.topic, part.partition)
+        self.low, self.high = m.base_offset, m.end_offset
+        self.previous = m.base_offset - 1
+        self.aborted = AbortedRanges(part.aborted)
+
+    def decode(self, data: bytes | memoryview, start: int, local: int, max_rows: int, max_bytes: int) -> int:
+        """Decode the batch at ``local``; returns where the next one starts."""
+        part, key, pos = self.part, self.part.key, start + local
+        try:
+            header = check_header(key, data, local, len(data))
+        except FormatError as exc:
+            raise RemoteDataCorrupt(key, pos, exc.reason) from exc
+        if header is None:
+            raise RemoteDataCorrupt(key, pos, "no record batch where one was expected")
+        size = header.length + LOG_OVERHEAD
+        actual = crc32c.crc32c(memoryview(data)[local + 21 : local + size])
+        if actual != header.crc:
+            raise RemoteDataCorrupt(key, pos, f"CRC-32C mismatch: stored {header.crc}, computed {actual}")
+        last = header.base_offset + header.last_offset_delta
+        if header.base_offset <= self.previous or last > self.high:
+            raise RemoteDataCorrupt(
+                key, pos, f"batch offsets {header.base_offset}-{last} are not after {self.previous} and within "
+                f"the copy's {self.low}-{self.high}",
+            )  # fmt: skip
+        self.previous = last
+        wanted = (
+            last >= part.first_offset
+            and header.base_offset <= part.last_offset
+            and not header.attributes & 0x20  # control batch: transaction markers
+            and not (header.attributes & 0x10 and self.aborted.aborts(header.producer_id, header.base_offset))
+        )
+        if wanted:
+            section = records_section(data, header, local)
+            codec = header.attributes & 7
+            try:
+                self.columns.add_batch(header, decompress(codec, bytes(section), key, pos) if codec else section)
+            except FormatError as exc:  # decompression
+                raise RemoteDataCorrupt(key, pos, exc.reason) from exc
+            except (IndexError, ValueError, UnicodeDecodeError, OverflowError) as exc:  # Overflow: beyond int64
+                raise RemoteDataCorrupt(key, pos, f"malformed records: {exc}") from exc
+        return local + size
+
+    def flush(self) -> pa.RecordBatch | None:
+        return self.columns.flush(self.part.first_offset, self.part.last_offset)
 
 
 def pack_slices(slices: list[SegmentSlice], max_bytes: int) -> list[SlicePack]:
@@ -81,137 +257,3 @@ def pack_slices(slices: list[SegmentSlice], max_bytes: int) -> list[SlicePack]:
             packs[-1].append(part)
             size += length
     return [SlicePack(tuple(p)) for p in packs]
-
-
-def read_slice(
-    store: RemoteStore, part: SegmentSlice, *, window_bytes: int = 16 << 20, max_rows: int = 65536
-) -> Iterator[pa.RecordBatch]:
-    """Yield the slice's committed records as RecordBatches of at most about ``max_rows`` rows.
-
-    Raises ObjectNotFound (naming the key) if the object is gone, SegmentReadError if it is shorter
-    than planned, corrupt, or differs from its manifest. The compiled decoder does it when installed
-    (``tiering_core.formats.native``), else this loop.
-    """
-    if _native is not None:
-        yield from _read_slice_native(store, part, window_bytes=window_bytes, max_rows=max_rows)
-        return
-    builder = ColumnBuilder(part.topic, part.partition)
-    crc = 0
-    pos = part.start
-    buf = b""
-    buf_start = pos
-    low, high = part.copy_offsets or (0, 2**63 - 1)
-    previous = low - 1
-    aborted = AbortedRanges(part.aborted)
-    while pos < part.end:
-        buf, buf_start, local, size = _window(store, part, pos, buf, buf_start, window_bytes)
-        try:
-            header = check_header(part.key, buf, local, len(buf))
-        except FormatError as exc:
-            raise SegmentReadError(part.key, pos, exc.reason) from exc
-        if header is None:
-            raise SegmentReadError(part.key, pos, "no record batch where one was expected")
-        body = memoryview(buf)[local + 21 : local + size]
-        actual = crc32c.crc32c(body)
-        if actual != header.crc:
-            raise SegmentReadError(part.key, pos, f"CRC-32C mismatch: stored {header.crc}, computed {actual}")
-        if part.object_size is not None:
-            crc = crc32c.crc32c(memoryview(buf)[local : local + size], crc)
-        last = header.base_offset + header.last_offset_delta
-        if header.base_offset <= previous or last > high:
-            raise SegmentReadError(
-                part.key, pos, f"batch offsets {header.base_offset}-{last} are not after {previous} and within "
-                f"the copy's {low}-{high}",
-            )  # fmt: skip
-        previous = last
-        wanted = (
-            last >= part.first_offset
-            and header.base_offset <= part.last_offset
-            and not header.attributes & 0x20  # control batch: transaction markers
-            and not (header.attributes & 0x10 and aborted.aborts(header.producer_id, header.base_offset))
-        )
-        if wanted:
-            section = records_section(buf, header, local)
-            codec = header.attributes & 7
-            try:
-                builder.add_batch(header, decompress(codec, bytes(section), part.key, pos) if codec else section)
-            except FormatError as exc:  # decompression
-                raise SegmentReadError(part.key, pos, exc.reason) from exc
-            except (IndexError, ValueError, UnicodeDecodeError, OverflowError) as exc:  # Overflow: beyond int64
-                raise SegmentReadError(part.key, pos, f"malformed records: {exc}") from exc
-        pos += size
-        if builder.rows >= max_rows or builder.data_bytes >= window_bytes:
-            batch = builder.flush(part.first_offset, part.last_offset)
-            if batch is not None and batch.num_rows:
-                yield batch
-    _check_end(part, pos, crc)
-    batch = builder.flush(part.first_offset, part.last_offset)
-    if batch is not None and batch.num_rows:
-        yield batch
-
-
-def _read_slice_native(
-    store: RemoteStore, part: SegmentSlice, *, window_bytes: int, max_rows: int
-) -> Iterator[pa.RecordBatch]:
-    """``read_slice`` through the compiled decoder: the same checks, in the same order, and the same
-    errors, on whole windows at a time with the GIL released (``tiering_native.ColumnDecoder``)."""
-    assert NATIVE is not None
-    low, high = part.copy_offsets or (0, 2**63 - 1)
-    decoder = NATIVE.ColumnDecoder(part.first_offset, part.last_offset, list(part.aborted), low, high)
-    crc = 0
-    pos = part.start
-    buf = b""
-    buf_start = pos
-    while pos < part.end:
-        buf, buf_start, local, _ = _window(store, part, pos, buf, buf_start, window_bytes)
-        try:  # decodes the batch at ``local`` (which _window made whole) and those after it that fit
-            after = decoder.decode(buf, local, max_rows, window_bytes)
-        except NATIVE.DecodeError as exc:
-            raise SegmentReadError(part.key, buf_start + exc.args[1], exc.args[2]) from exc
-        if part.object_size is not None:
-            crc = crc32c.crc32c(memoryview(buf)[local:after], crc)
-        pos = buf_start + after
-        if decoder.rows >= max_rows or decoder.data_bytes >= window_bytes:
-            batch = native_batch(part.topic, part.partition, decoder)
-            if batch is not None:
-                yield batch
-    _check_end(part, pos, crc)
-    batch = native_batch(part.topic, part.partition, decoder)
-    if batch is not None:
-        yield batch
-
-
-def _window(store: RemoteStore, part: SegmentSlice, pos: int, buf: bytes, buf_start: int,
-            window_bytes: int) -> tuple[bytes, int, int, int]:  # fmt: skip
-    """The window holding the batch at ``pos`` whole (``buf`` if it does, else fetched): (window, where it
-    starts, where the batch is in it, the batch's size by its length field)."""
-    local = pos - buf_start
-    if len(buf) - local < HEADER_SIZE:
-        buf, buf_start, local = _fetch(store, part, pos, window_bytes), pos, 0
-    size = int.from_bytes(buf[local + 8 : local + 12], "big", signed=True) + LOG_OVERHEAD
-    if local + size > len(buf):  # the batch crosses the window's end: fetch it whole
-        buf, buf_start, local = _fetch(store, part, pos, max(window_bytes, size)), pos, 0
-    return buf, buf_start, local, size
-
-
-def _check_end(part: SegmentSlice, pos: int, crc: int) -> None:
-    """After the last batch: it ended at the slice's end, and a whole object's CRC-32C is the manifest's."""
-    if pos != part.end:
-        raise SegmentReadError(part.key, pos, f"the last batch ends past the planned end {part.end}")
-    if part.object_size is not None and crc != part.object_crc32c:
-        raise SegmentReadError(part.key, 0, f"object CRC-32C {crc} differs from the manifest's {part.object_crc32c}")
-
-
-def _fetch(store: RemoteStore, part: SegmentSlice, pos: int, length: int) -> bytes:
-    """Bytes ``[pos, pos + length)`` of the slice; the last GET of a whole object asks one byte more, so an
-    object longer than its manifest says shows."""
-    end = min(part.end, pos + max(length, HEADER_SIZE))
-    probe = part.object_size is not None and end == part.end
-    data = store.get_range(part.key, pos, end if probe else end - 1)
-    if probe and len(data) > end - pos:
-        raise SegmentReadError(part.key, end, f"the object is longer than the {part.object_size} bytes of its manifest")
-    if len(data) != end - pos:
-        raise SegmentReadError(
-            part.key, pos, f"object ends early: asked for bytes {pos}-{end - 1}, got {len(data)} bytes"
-        )
-    return data

@@ -3,7 +3,8 @@
 ``spark.read.format("kafka_tiered").option("subscribe", "orders").option("store.bucket", ...).load()``
 gives Spark's Kafka source schema. The driver lists the remote copies and plans one input partition
 per segment (large ones split at batch boundaries, consecutive small ones packed); each executor
-fetches its segment bytes from the store itself and yields Arrow RecordBatches. No broker is
+reads its segment bytes from the store itself, on the read core every remote reader shares
+(``reader.spark.slices``), and yields Arrow RecordBatches. No broker is
 involved. Committed data only: control batches and aborted transactions are dropped, and the read
 ends at the remote data's stable end.
 """
@@ -23,7 +24,7 @@ from reader.spark.broker_tail import BrokerSlice, read_broker_slice, tail_slices
 from reader.spark.columns import SPARK_SCHEMA
 from reader.spark.options import ReadOptions, parse_options
 from reader.spark.planning import PartitionRange, plan_slices, resolve_range
-from reader.spark.slices import SlicePack, pack_slices, read_slice
+from reader.spark.slices import SlicePack, pack_slices, read_slice, slice_reader
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.stores.factory import open_store
 from tiering_core.stores.prefixed import PrefixedStore
@@ -107,9 +108,9 @@ class TieredReader(DataSourceReader):
             yield from read_broker_slice(partition, self.opts.max_rows_per_batch)
             return
         assert isinstance(partition, SlicePack)
-        for part in partition.slices:
-            yield from read_slice(shared_store(self.opts), part, window_bytes=self.opts.window_bytes,
-                                  max_rows=self.opts.max_rows_per_batch)  # fmt: skip
+        with slice_reader(shared_store(self.opts), [partition.remote_partition()], self.opts.window_bytes) as reader:
+            for part in partition.slices:
+                yield from read_slice(reader, part, max_rows=self.opts.max_rows_per_batch)
 
 
 class KafkaTieredDataSource(DataSource):

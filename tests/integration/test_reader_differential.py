@@ -3,9 +3,9 @@
 Three read paths serve tiered data: the TieredConsumer's stream (``PartitionStream``, decoded records), the
 cursors the access layer and the HTTP service serve batches from (``CursorCache``, whole batches and their
 aborted transactions, filtered by the client), and the Spark source's slices (``plan_slices`` / ``read_slice``,
-Arrow rows). The stream and the cursors run on the read core over either catalog (the metadata WAL's, the
-object listing's: both are read here). They share the copy choice and the abort rule; this test reads one
-topic through all of them and
+Arrow rows). All three run on the read core; the stream and the cursors are read over either catalog (the
+metadata WAL's, the object listing's), the slices over the listing's, as an executor reads them. They share
+the copy choice and the abort rule; this test reads one topic through all of them and
 compares each record, byte for byte, with what librdkafka read from the broker before the segments left its
 disk, read_committed and read_uncommitted. The topic is written to make transactions hard: three
 transactional producers interleave their batches with a plain producer's, transactions commit or abort in a
@@ -31,7 +31,7 @@ from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_setti
 from reader.cursor import CursorCache
 from reader.listing import ListingCatalog, list_remote_partitions
 from reader.spark.planning import PartitionRange, plan_slices
-from reader.spark.slices import read_slice
+from reader.spark.slices import read_slice, slice_reader
 from tests.conftest import create_topic
 from tests.kafka_consumer_model import consumer_kept
 from tests.reader_harness import running_sidecar
@@ -197,19 +197,23 @@ def _via_cursors(reader: RemoteReader, topic: str, topic_id: str, read_committed
 
 
 def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int) -> dict[int, Record]:
-    """The Spark source's path (committed records only): the listing's copies, planned into slices of 96 KiB
-    (copies split inside), each read as an executor reads it."""
+    """The Spark source's path (committed records only): the listing's copies, planned into slices of 24 KiB (each
+    64 KiB copy split into several, so slices begin and end inside objects), each read as an executor reads it:
+    the read core's windows cut at the slice's end."""
     store = open_store(load_reader_settings(config).remote_storage)
     [rp] = list_remote_partitions(store, [topic])
     assert rp.topic_id == topic_id
     rng = PartitionRange(topic, topic_id, 0, rp.start, ry, rp.start, ry + 1)
     out: dict[int, Record] = {}
-    for part in plan_slices(store, [rp], [rng], 96 * 1024):
-        for batch in read_slice(store, part, window_bytes=32 * 1024):
-            for row in batch.to_pylist():
-                assert row["offset"] not in out, f"offset {row['offset']} read twice"
-                headers = [(h["key"], h["value"]) for h in row["headers"]]
-                out[row["offset"]] = (row["key"], row["value"], headers)
+    slices = plan_slices(store, [rp], [rng], 24 * 1024)
+    assert sum(s.start > 0 or s.end < s.copy.manifest.log_size for s in slices) > len(rp.copies), "too few splits"
+    with slice_reader(store, [rp], 64 * 1024) as reader:
+        for part in slices:
+            for batch in read_slice(reader, part):
+                for row in batch.to_pylist():
+                    assert row["offset"] not in out, f"offset {row['offset']} read twice"
+                    headers = [(h["key"], h["value"]) for h in row["headers"]]
+                    out[row["offset"]] = (row["key"], row["value"], headers)
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import struct
-import tempfile
 import threading
 from array import array
 from pathlib import Path
@@ -19,13 +18,13 @@ from reader.disk_cache import DiskCache
 from reader.errors import RemoteDataCorrupt
 from reader.messages import TieredMessage, message_class
 from reader.pool import MemoryPool
-from reader.spark.slices import SegmentSlice, read_slice
+from reader.spark.slices import decode_slice
 from reader.txn import AbortFilter, TxnView
 from reader.windows import windows_from
+from tests.decoders import slice_over
 from tests.kafka_consumer_model import consumer_kept
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.formats import AbortedTxn, decode_batch, scan_headers
-from tiering_core.stores.filesystem import FileSystemStore
 
 TXN, CONTROL = 0x10, 0x20
 
@@ -74,12 +73,9 @@ def test_every_reader_drops_the_batches_kafkas_consumer_drops(ops: list[tuple[in
             offset += 1
     want = [b.header.base_offset for b in consumer_kept("log", log, aborted)]
     assert kept(TxnView(aborted, {}), 0, log) == want
-    with tempfile.TemporaryDirectory() as root:
-        store = FileSystemStore(Path(root))
-        store.put_bytes("seg.log", log)
-        ranges = tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
-        part = SegmentSlice("t", 0, "seg.log", 0, len(log), 0, max(offset - 1, 0), ranges)
-        rows = [o for b in read_slice(store, part) for o in b.column("offset").to_pylist()] if log else []
+    ranges = tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
+    part = slice_over(log, 0, max(offset - 1, 0), ranges)
+    rows = [o for b in decode_slice(part, [(log, 0)]) for o in b.column("offset").to_pylist()] if log else []
     assert rows == [o for base in want for o in (base, base + 1)]  # each data batch holds two records
 
 

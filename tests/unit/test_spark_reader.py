@@ -5,24 +5,23 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import crc32c
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from reader.errors import RemoteDataCorrupt, RemoteObjectMissing
 from reader.listing import choose_copies, split_topic_dir
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput
-from reader.spark.slices import SegmentReadError, SegmentSlice, pack_slices, read_slice
+from reader.spark.slices import SegmentSlice, SlicePack, decode_slice, pack_slices, read_slice, slice_reader
+from tests.decoders import KEY, slice_over, windows_of
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.errors import ConfigError
 from tiering_core.formats import iter_batches
 from tiering_core.objects import Manifest
-from tiering_core.stores.base import ObjectNotFound
 from tiering_core.stores.config import S3StoreConfig
 from tiering_core.stores.filesystem import FileSystemStore
 
-KEY = "p/t-AAAAAAAAAAAAAAAAAAAAAA/0/00000000000000000000-0.log"
 MARKER_VALUE = b"\x00\x00\x00\x00\x00\x07"  # version 0, coordinator epoch 7
 
 
@@ -75,48 +74,53 @@ def store(tmp_path: Path) -> FileSystemStore:
 
 
 @pytest.mark.parametrize("window", [64, 1000, 16 << 20])
-def test_slice_decodes_every_codec_and_drops_aborted_and_markers(store: FileSystemStore, window: int) -> None:
+def test_slice_decodes_every_codec_and_drops_aborted_and_markers(window: int) -> None:
     data, dropped = _segment()
-    store.put_bytes(KEY, data)
     last = max(r.offset for b in iter_batches("x", data) for r in b.records)
-    part = SegmentSlice("t", 3, KEY, 0, len(data), 0, last, ((77, 750, 760),), len(data), crc32c.crc32c(data))
-    batches = list(read_slice(store, part, window_bytes=window, max_rows=100))
+    part = slice_over(data, 0, last, ((77, 750, 760),))
+    batches = list(decode_slice(part, windows_of(data, window), max_rows=100))
     assert _rows(batches) == _expected(data, dropped)
     assert all(b.num_rows <= 150 + 100 for b in batches)
+
+
+def _read(store: FileSystemStore, part: SegmentSlice) -> list[pa.RecordBatch]:
+    """The slice read as an executor reads it: through the read core over its pack's copies."""
+    with slice_reader(store, [SlicePack((part,)).remote_partition()], 64 * 1024) as reader:
+        return list(read_slice(reader, part))
 
 
 def test_slice_keeps_only_its_offset_range(store: FileSystemStore) -> None:
     data, dropped = _segment()
     store.put_bytes(KEY, data)
-    part = SegmentSlice("t", 3, KEY, 0, len(data), 140, 460, ((77, 750, 760),))
-    rows = _rows(list(read_slice(store, part)))
+    rows = _rows(_read(store, slice_over(data, 140, 460, ((77, 750, 760),))))
     assert sorted(rows) == list(range(140, 461))
     assert rows == {o: v for o, v in _expected(data, dropped).items() if 140 <= o <= 460}
 
 
 def test_corrupt_truncated_or_missing_object_is_an_error_naming_the_key(store: FileSystemStore) -> None:
     data, _ = _segment()
+    part = slice_over(data, 0, 10_000)
     corrupt = bytearray(data)
     corrupt[len(data) // 2] ^= 0xFF
     store.put_bytes(KEY, bytes(corrupt))
-    part = SegmentSlice("t", 3, KEY, 0, len(data), 0, 10_000, (), len(data), crc32c.crc32c(data))
-    with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*(CRC-32C mismatch|malformed)"):
-        list(read_slice(store, part))
+    with pytest.raises(RemoteDataCorrupt, match=f"{KEY} at byte .*(CRC-32C|malformed)"):
+        _read(store, part)
     store.put_bytes(KEY, data + b"\x00" * 10)
-    with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*longer than"):
-        list(read_slice(store, part))
+    with pytest.raises(RemoteDataCorrupt, match=f"{KEY} at byte .*the manifest says {len(data)}"):
+        _read(store, part)
     moved = bytearray(data)
     moved[6] ^= 0x40  # the first batch's base offset: not covered by its CRC
     store.put_bytes(KEY, bytes(moved))
-    split = SegmentSlice("t", 3, KEY, 0, len(data), 0, 10_000, (), copy_offsets=(0, 1000))
-    with pytest.raises(SegmentReadError, match=f"{KEY} at byte 0: batch offsets 16384-"):
-        list(read_slice(store, split))
+    with pytest.raises(RemoteDataCorrupt, match=f"{KEY} at byte 0: batch offsets 16384-"):
+        _read(store, slice_over(bytes(moved), 0, 10_000, copy_offsets=(0, 1000)))
     store.put_bytes(KEY, data[:-100])
-    with pytest.raises(SegmentReadError, match=f"{KEY} at byte .*(ends early|cut short)"):
-        list(read_slice(store, part))
+    with pytest.raises(RemoteDataCorrupt, match=f"{KEY} at byte .*the manifest says {len(data)}"):
+        _read(store, part)
+    store.put_bytes(KEY, data)
+    assert len(_rows(_read(store, part))) == len(_expected(data, set())) - 2  # the markers (no abort named here)
     store.delete([KEY])
-    with pytest.raises(ObjectNotFound, match=KEY):
-        list(read_slice(store, part))
+    with pytest.raises(RemoteObjectMissing, match=KEY):
+        _read(store, part)
 
 
 def _manifest(base: int, end: int, epoch: int, created: int = 0) -> Manifest:
@@ -179,10 +183,10 @@ def test_parquet_commit_marker_last_and_uncommitted_files_removed(tmp_path: Path
 
 
 def test_small_consecutive_slices_of_a_partition_are_packed() -> None:
-    def piece(partition: int, start: int, end: int) -> SegmentSlice:
-        return SegmentSlice("t", partition, f"k{partition}-{start}", start, end, 0, 1)
+    def piece(partition: int, size: int) -> SegmentSlice:
+        return slice_over(bytes(size), partition=partition)
 
-    slices = [piece(0, 0, 40), piece(0, 0, 50), piece(0, 0, 30), piece(1, 0, 10), piece(1, 0, 500), piece(1, 0, 5)]
+    slices = [piece(0, 40), piece(0, 50), piece(0, 30), piece(1, 10), piece(1, 500), piece(1, 5)]
     packs = pack_slices(slices, 100)
-    assert [[s.key for s in p.slices] for p in packs] == [["k0-0", "k0-0"], ["k0-0"], ["k1-0"], ["k1-0"], ["k1-0"]]
+    assert [[s.partition for s in p.slices] for p in packs] == [[0, 0], [0], [1], [1], [1]]
     assert [sum(s.end - s.start for s in p.slices) for p in packs] == [90, 30, 10, 500, 5]

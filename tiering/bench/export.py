@@ -7,8 +7,8 @@ then one SparkSession (local[2]) writes Parquet with the same settings from
 through its consumer protocol), both over offsets ``[0, stable end]``, each side ``--rounds`` times,
 interleaved, then into Spark's ``noop`` sink (the sources alone: Parquet writing costs both sides the
 same and hides the difference between them). A small read of each warms the JVM and the Python workers
-first. Also reported: our decoder alone (segments from S3 to Arrow, one Python thread, no Spark), which
-bounds what the data source can do per core.
+first. Also reported: our reader alone (segments from S3 to Arrow on the read core an executor uses, one
+decoding thread with its window read ahead, no Spark), which bounds what the data source can do per core.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     from reader.spark.planning import plan_slices
     from reader.spark.registry_avro import decode_registry_avro
     from reader.spark.session import export_session
-    from reader.spark.slices import read_slice
+    from reader.spark.slices import read_slice, slice_reader
     from reader.spark.source import plan, shared_store
     from tiering_core.formats.native import DECODER
 
@@ -171,8 +171,9 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
 
         started = time.perf_counter()
         decoded = 0
-        for part in plan_slices(shared_store(opts), partitions, ranges, opts.max_slice_bytes):
-            decoded += sum(b.num_rows for b in read_slice(shared_store(opts), part))
+        with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
+            for part in plan_slices(shared_store(opts), partitions, ranges, opts.max_slice_bytes):
+                decoded += sum(b.num_rows for b in read_slice(reader, part))
         decode_seconds = time.perf_counter() - started
 
         spark = export_session("local[2]", spark_jars(), app_name="tiering bench export")
