@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, wait
 from typing import Any
 
@@ -89,15 +89,22 @@ class ReadAhead:
         self.closed = False
 
     # -- planning -------------------------------------------------------------------------------
-    def begin(self, copy: SegmentCopy, start: int, end: int | None = None) -> None:
-        """Drop every window and plan ``copy``'s from byte ``start`` (a batch boundary); with ``end`` (a batch
-        boundary too), only up to it, and no next copy is located (a reader of a planned range: the Spark source)."""
+    def begin(self, copy: SegmentCopy, start: int) -> None:
+        """Drop every window and plan ``copy``'s from byte ``start`` (a batch boundary)."""
         self.clear()
-        ranges = windows_from(copy, start, self.width)
-        if end is not None:
-            ranges = [WindowRange(a, min(b, end)) for a, b in ranges if a < end]
-            self.located_after = copy
-        self._extend(copy, ranges)
+        self._extend(copy, windows_from(copy, start, self.width))
+        self.fill()
+
+    def plan(self, ranges: Iterable[tuple[SegmentCopy, int, int]]) -> None:
+        """Drop every window and plan these byte ranges ``(copy, start, end)`` (batch boundaries), in order, and
+        nothing after them: a reader of planned ranges (the Spark source's slices). The windows are those every
+        reader plans, cut at each range's end, the first one as wide as the others (no first records are
+        awaited); read-ahead runs on from one range into the next."""
+        self.clear()
+        for copy, start, end in ranges:
+            planned = windows_from(copy, start, self.width, self.width)
+            self._extend(copy, [WindowRange(a, min(b, end)) for a, b in planned if a < end])
+        self.located_after = self.planned_to
         self.fill()
 
     def _extend(self, copy: SegmentCopy, ranges: list[WindowRange], after: SegmentCopy | None = None) -> bool:

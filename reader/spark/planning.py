@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reader.listing import Copy, RemotePartition
-from reader.spark.slices import SegmentSlice, read_slice, slice_reader
+from reader.spark.slices import SegmentSlice, read_slices, slice_reader
 from tiering_core.errors import TieringError
 from tiering_core.formats import parse_offset_index, parse_time_index, parse_txn_index
 from tiering_core.formats.indexes import parse_producer_snapshot
@@ -107,7 +107,7 @@ def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int
                             copy.manifest.log_size, start_at, copy.last)  # fmt: skip
         threshold = pa.scalar(timestamp * 1000, pa.timestamp("us", tz="UTC"))
         with slice_reader(store, [rp], _TIME_SCAN_WINDOW) as reader:  # windowed reads: memory stays bounded
-            for batch in read_slice(reader, part):
+            for batch in read_slices(reader, [part]):
                 late = pc.greater_equal(batch.column("timestamp"), threshold)
                 index = pc.index(late, True).as_py()
                 if index >= 0:

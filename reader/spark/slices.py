@@ -1,18 +1,18 @@
 """The data source's input: byte ranges of remote copies (slices), read on the read core every remote reader shares.
 
 A slice is planned on the driver (``planning.py``) and read on an executor through ``reader/readahead.py``: a
-``RemoteReader`` over a ``ListingCatalog`` of the copies the plan chose (``slice_reader``), the copy's
-batch-aligned windows of ``windowBytes`` (the windows every reader plans), the next window downloading while
-this one is decoded, in a memory pool of three windows per task, so memory stays bounded whatever the segment
-size. The core's fetcher retries and rate-limits the GETs and checks the object's size against its manifest;
-the decoder checks every batch's CRC-32C and offsets, and a slice that covers its whole object also checks the
-object's CRC-32C against the manifest. Control batches and the batches of aborted transactions are dropped
-(committed data only).
+``RemoteReader`` over a ``ListingCatalog`` of the copies the plan chose (``slice_reader``), and the batch-aligned
+windows of ``windowBytes`` that every reader plans, for all the slices of the task at once, the next windows
+downloading while one is decoded, in a memory pool of three windows per task (so memory stays bounded whatever
+the segment size). The core's fetcher retries and rate-limits the GETs and checks each object's size against
+its manifest; the decoder checks every batch's CRC-32C and offsets, and a slice that covers its whole object
+also checks the object's CRC-32C against the manifest. Control batches and the batches of aborted transactions
+are dropped (committed data only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -86,30 +86,35 @@ class SlicePack(InputPartition):
 def slice_reader(
     store: RemoteStore, partitions: Iterable[RemotePartition], window_bytes: int
 ) -> RemoteReader[ListingCatalog]:
-    """The read core for slices of these partitions' copies: windows of ``window_bytes``, one read ahead, a pool
-    of three (at least 4 MiB), two GETs at a time, no disk cache. The settings name no cluster: the listing is
-    the catalog. ``close()`` it (a context manager)."""
+    """The read core for slices of these partitions' copies: windows of ``window_bytes``, up to four read ahead in
+    a pool of three windows (at least 4 MiB: a copy smaller than a window is a window of its own), two GETs at a
+    time, no disk cache. The settings name no cluster: the listing is the catalog. ``close()`` it (a context
+    manager)."""
     settings = ReaderSettings(
-        bootstrap_servers="", fetch_window_bytes=window_bytes, prefetch_windows=1,
+        bootstrap_servers="", fetch_window_bytes=window_bytes, prefetch_windows=4,
         prefetch_pool_bytes=max(3 * window_bytes, 4 * MIB), download_max_concurrency=2, index_cache_segments=16,
         disk_cache_dir=None, hot_data_interval_seconds=None,
     )  # fmt: skip
     return RemoteReader(settings, ListingCatalog(partitions), store)
 
 
-def read_slice(reader: RemoteReader, part: SegmentSlice, *, max_rows: int = 65536) -> Iterator[pa.RecordBatch]:
-    """Yield the slice's committed records as RecordBatches of at most about ``max_rows`` rows, read through
-    ``reader`` (``slice_reader``).
+def read_slices(
+    reader: RemoteReader, slices: Sequence[SegmentSlice], *, max_rows: int = 65536
+) -> Iterator[pa.RecordBatch]:
+    """Yield the slices' committed records, in order, as RecordBatches of at most about ``max_rows`` rows, read
+    through ``reader`` (``slice_reader``): the copies' indexes loaded (their manifests came with the plan), then
+    the windows of every slice planned at once, so read-ahead runs on from each slice into the next.
 
-    Raises RemoteObjectMissing (naming the key) if the object is gone, RemoteDataCorrupt if it is not what its
-    manifest says or a batch is corrupt; nothing of a damaged window is yielded after the error.
+    Raises RemoteObjectMissing (naming the key) if an object is gone, RemoteDataCorrupt if it is not what its
+    manifest says or a batch is corrupt; nothing of a damaged window is yielded.
     """
-    manifest = part.copy.manifest
-    copy = reader.indexes.get(manifest.ref, manifest)
+    copies = list(reader.executor.map(lambda m: reader.indexes.get(m.ref, m), [p.copy.manifest for p in slices]))
     windows = ReadAhead(reader, _unprepared)
     try:
-        windows.begin(copy, part.start, part.end)
-        yield from decode_slice(part, _taken(windows), max_rows=max_rows, max_bytes=reader.settings.fetch_window_bytes)
+        windows.plan((copy, part.start, part.end) for copy, part in zip(copies, slices, strict=True))
+        for copy, part in zip(copies, slices, strict=True):
+            yield from decode_slice(part, _taken(windows, copy, part.end), max_rows=max_rows,
+                                    max_bytes=reader.settings.fetch_window_bytes)  # fmt: skip
     except RemoteDataCorrupt as exc:
         reader.damaged(exc.key)
         raise
@@ -123,9 +128,10 @@ def _unprepared(copy: SegmentCopy, data: bytes, start: int) -> tuple[None, int]:
     return None, 0
 
 
-def _taken(windows: ReadAhead) -> Iterator[tuple[bytes, int]]:
-    """The planned windows in order, each (bytes, where they start) while the decoder holds it."""
-    while windows.head() is not None:
+def _taken(windows: ReadAhead, copy: SegmentCopy, end: int) -> Iterator[tuple[bytes, int]]:
+    """The planned windows of ``copy`` before byte ``end`` (one slice's), in order, each (bytes, where they start)
+    while the decoder holds it."""
+    while (head := windows.head()) is not None and head.copy is copy and head.start < end:
         w = windows.take()
         assert w.data is not None
         yield w.data, w.start

@@ -24,7 +24,7 @@ from reader.spark.broker_tail import BrokerSlice, read_broker_slice, tail_slices
 from reader.spark.columns import SPARK_SCHEMA
 from reader.spark.options import ReadOptions, parse_options
 from reader.spark.planning import PartitionRange, plan_slices, resolve_range
-from reader.spark.slices import SlicePack, pack_slices, read_slice, slice_reader
+from reader.spark.slices import SlicePack, pack_slices, read_slices, slice_reader
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.stores.factory import open_store
 from tiering_core.stores.prefixed import PrefixedStore
@@ -109,8 +109,7 @@ class TieredReader(DataSourceReader):
             return
         assert isinstance(partition, SlicePack)
         with slice_reader(shared_store(self.opts), [partition.remote_partition()], self.opts.window_bytes) as reader:
-            for part in partition.slices:
-                yield from read_slice(reader, part, max_rows=self.opts.max_rows_per_batch)
+            yield from read_slices(reader, partition.slices, max_rows=self.opts.max_rows_per_batch)
 
 
 class KafkaTieredDataSource(DataSource):

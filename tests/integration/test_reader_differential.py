@@ -2,7 +2,7 @@
 
 Three read paths serve tiered data: the TieredConsumer's stream (``PartitionStream``, decoded records), the
 cursors the access layer and the HTTP service serve batches from (``CursorCache``, whole batches and their
-aborted transactions, filtered by the client), and the Spark source's slices (``plan_slices`` / ``read_slice``,
+aborted transactions, filtered by the client), and the Spark source's slices (``plan_slices`` / ``read_slices``,
 Arrow rows). All three run on the read core; the stream and the cursors are read over either catalog (the
 metadata WAL's, the object listing's), the slices over the listing's, as an executor reads them. They share
 the copy choice and the abort rule; this test reads one topic through all of them and
@@ -31,7 +31,7 @@ from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_setti
 from reader.cursor import CursorCache
 from reader.listing import ListingCatalog, list_remote_partitions
 from reader.spark.planning import PartitionRange, plan_slices
-from reader.spark.slices import read_slice, slice_reader
+from reader.spark.slices import read_slices, slice_reader
 from tests.conftest import create_topic
 from tests.kafka_consumer_model import consumer_kept
 from tests.reader_harness import running_sidecar
@@ -208,12 +208,11 @@ def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int) -> dict[
     slices = plan_slices(store, [rp], [rng], 24 * 1024)
     assert sum(s.start > 0 or s.end < s.copy.manifest.log_size for s in slices) > len(rp.copies), "too few splits"
     with slice_reader(store, [rp], 64 * 1024) as reader:
-        for part in slices:
-            for batch in read_slice(reader, part):
-                for row in batch.to_pylist():
-                    assert row["offset"] not in out, f"offset {row['offset']} read twice"
-                    headers = [(h["key"], h["value"]) for h in row["headers"]]
-                    out[row["offset"]] = (row["key"], row["value"], headers)
+        for batch in read_slices(reader, slices):
+            for row in batch.to_pylist():
+                assert row["offset"] not in out, f"offset {row['offset']} read twice"
+                headers = [(h["key"], h["value"]) for h in row["headers"]]
+                out[row["offset"]] = (row["key"], row["value"], headers)
     return out
 
 

@@ -13,7 +13,7 @@ from reader.errors import RemoteDataCorrupt, RemoteObjectMissing
 from reader.listing import choose_copies, split_topic_dir
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput
-from reader.spark.slices import SegmentSlice, SlicePack, decode_slice, pack_slices, read_slice, slice_reader
+from reader.spark.slices import SegmentSlice, SlicePack, decode_slice, pack_slices, read_slices, slice_reader
 from tests.decoders import KEY, slice_over, windows_of
 from tests.kafka_encoder import encode_batch, sample_records
 from tiering_core.errors import ConfigError
@@ -86,7 +86,7 @@ def test_slice_decodes_every_codec_and_drops_aborted_and_markers(window: int) ->
 def _read(store: FileSystemStore, part: SegmentSlice) -> list[pa.RecordBatch]:
     """The slice read as an executor reads it: through the read core over its pack's copies."""
     with slice_reader(store, [SlicePack((part,)).remote_partition()], 64 * 1024) as reader:
-        return list(read_slice(reader, part))
+        return list(read_slices(reader, [part]))
 
 
 def test_slice_keeps_only_its_offset_range(store: FileSystemStore) -> None:

@@ -148,7 +148,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     from reader.spark.planning import plan_slices
     from reader.spark.registry_avro import decode_registry_avro
     from reader.spark.session import export_session
-    from reader.spark.slices import read_slice, slice_reader
+    from reader.spark.slices import read_slices, slice_reader
     from reader.spark.source import plan, shared_store
     from tiering_core.formats.native import DECODER
 
@@ -170,10 +170,9 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         log_bytes = sum(c.manifest.log_size for rp in partitions for c in rp.copies)
 
         started = time.perf_counter()
-        decoded = 0
         with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
-            for part in plan_slices(shared_store(opts), partitions, ranges, opts.max_slice_bytes):
-                decoded += sum(b.num_rows for b in read_slice(reader, part))
+            slices = plan_slices(shared_store(opts), partitions, ranges, opts.max_slice_bytes)
+            decoded = sum(b.num_rows for b in read_slices(reader, slices))
         decode_seconds = time.perf_counter() - started
 
         spark = export_session("local[2]", spark_jars(), app_name="tiering bench export")
