@@ -5,7 +5,7 @@ A copy counts once its manifest exists: the manifest is the last object a copy w
 first one a deletion removes, so a listed manifest is a finished copy (or one whose deletion has
 just begun: its ``.log`` may vanish while it is read, which fails the read naming the key). Where
 copies overlap (after a leader change, or a retried copy) the choice is the one every reader makes:
-the copy of the higher leader epoch, then the one reaching further, then the later one.
+the copy of the higher leader epoch, then the higher base offset, then the later one (``Manifest.preference``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from reader.listing import Copy, RemotePartition
 from reader.spark.slices import SegmentSlice, read_slices, slice_reader
 from tiering_core.errors import TieringError
-from tiering_core.formats import parse_offset_index, parse_time_index, parse_txn_index
+from tiering_core.formats import parse_offset_index, parse_txn_index
 from tiering_core.formats.indexes import parse_producer_snapshot
 from tiering_core.stores.base import RemoteStore
 
@@ -95,18 +95,18 @@ def resolve_range(
 def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int, stable: int) -> int:
     """The earliest offset whose record timestamp is >= ``timestamp`` (Kafka's ListOffsets by time);
     ``stable + 1`` if there is none."""
-    for copy in rp.copies:
-        if copy.manifest.max_timestamp < timestamp:
-            continue
-        # Time index entries (T, O): T is the largest timestamp up to the batch ending at O, so every record
-        # up to the last entry with T < timestamp is too old; scan batches from there.
-        below = [e.offset for e in parse_time_index(index_part(store, copy, "time"), copy.manifest.base_offset)
-                 if e.timestamp < timestamp]  # fmt: skip
-        start_at = max(copy.first, below[-1] + 1 if below else copy.first)
-        part = SegmentSlice(rp.topic, rp.partition, copy, _position_at_or_before(store, copy, start_at),
-                            copy.manifest.log_size, start_at, copy.last)  # fmt: skip
-        threshold = pa.scalar(timestamp * 1000, pa.timestamp("us", tz="UTC"))
-        with slice_reader(store, [rp], _TIME_SCAN_WINDOW) as reader:  # windowed reads: memory stays bounded
+    threshold = pa.scalar(timestamp * 1000, pa.timestamp("us", tz="UTC"))
+    with slice_reader(store, [rp], _TIME_SCAN_WINDOW) as reader:  # windowed reads: memory stays bounded
+        for copy in rp.copies:
+            if copy.manifest.max_timestamp < timestamp:
+                continue
+            indexed = reader.indexes.get(copy.manifest.ref, copy.manifest)  # the core's parsed indexes
+            # Time index entries (T, O): T is the largest timestamp up to the batch ending at O, so every record
+            # up to the last entry with T < timestamp is too old; scan batches from there.
+            below = [o for t, o in zip(indexed.time_timestamps, indexed.time_offsets, strict=True) if t < timestamp]
+            start_at = max(copy.first, below[-1] + 1 if below else copy.first)
+            part = SegmentSlice(rp.topic, rp.partition, copy, indexed.position_for(start_at), copy.manifest.log_size,
+                                start_at, copy.last)  # fmt: skip
             for batch in read_slices(reader, [part]):
                 late = pc.greater_equal(batch.column("timestamp"), threshold)
                 index = pc.index(late, True).as_py()
@@ -118,12 +118,6 @@ def offset_for_timestamp(store: RemoteStore, rp: RemotePartition, timestamp: int
 def _offset_index(store: RemoteStore, copy: Copy) -> tuple[list[int], list[int]]:
     entries = parse_offset_index(index_part(store, copy, "offset"), copy.manifest.base_offset)
     return [e.offset for e in entries], [e.position for e in entries]
-
-
-def _position_at_or_before(store: RemoteStore, copy: Copy, offset: int) -> int:
-    offsets, positions = _offset_index(store, copy)
-    i = bisect.bisect_right(offsets, offset) - 1
-    return positions[i] if i >= 0 else 0
 
 
 def plan_slices(
