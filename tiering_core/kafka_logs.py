@@ -5,6 +5,7 @@ stderr, in the middle of the JSON log. Every confluent-kafka client of the sidec
 ``kafka_logging()`` in its configuration; the client then queues its log lines until it is polled.
 Producers and consumers are polled anyway; an AdminClient is not, so ``admin_client`` hands each one
 to a daemon thread that polls it twice a second (also while a call of it is failing for seconds).
+That thread also destroys the AdminClients that are let go (see ``_Admin``).
 
 librdkafka repeats a failing connection's line many times a second; a line that repeats (digits
 aside: "after 3ms") is logged once per backoff step (1 s, 2 s, 4 s, ... 5 min) per client, with
@@ -19,6 +20,7 @@ import re
 import threading
 import time
 import weakref
+from collections import deque
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
@@ -85,9 +87,27 @@ def kafka_logging() -> dict[str, Any]:
     return {"logger": _LOGGER}
 
 
+class _Admin(AdminClient):
+    """An AdminClient that is never destroyed on a thread of its own.
+
+    librdkafka completes an admin call on the client's background thread, which runs the future's Python
+    callback there. Python may collect garbage on any thread that allocates, so an AdminClient left in a
+    reference cycle (an exception's traceback holding the frames that held it is enough) can be destroyed
+    by its own background thread, and librdkafka aborts the process: "calling rd_kafka_destroy() from
+    librdkafka owned thread is prohibited". So, when the last reference goes, the client is handed to the
+    poller's thread, which lets go of it there (within ``_POLL_SECONDS``); after the poller stopped (at
+    interpreter exit), on the thread that let it go. Python calls ``__del__`` once: the second time its
+    references end, the client is destroyed."""
+
+    def __del__(self) -> None:
+        if not _POLLER.stopped.is_set():
+            _POLLER.released.append(self)
+
+
 class _AdminPoller:
     def __init__(self) -> None:
         self.clients: weakref.WeakSet[AdminClient] = weakref.WeakSet()
+        self.released: deque[AdminClient] = deque()  # a deque: appended to from finalizers, without a lock
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.stopped = threading.Event()
@@ -105,10 +125,16 @@ class _AdminPoller:
         self.stopped.set()
         if self.thread is not None:
             self.thread.join(timeout=5)
+        self._destroy_released()
 
     def _run(self) -> None:
         while not self.stopped.wait(_POLL_SECONDS):
+            self._destroy_released()
             self._poll_once()
+
+    def _destroy_released(self) -> None:
+        while self.released:
+            self.released.popleft()
 
     def _poll_once(self) -> None:
         """Poll each client once. Its references end with the call: a list kept in ``_run`` between rounds held
@@ -126,6 +152,6 @@ atexit.register(_POLLER.stop)
 
 def admin_client(config: dict[str, Any]) -> AdminClient:
     """An AdminClient whose librdkafka log lines reach the structured log (ConfigError: see ``make_client``)."""
-    admin = make_client(AdminClient, {**kafka_logging(), **config})
+    admin = make_client(_Admin, {**kafka_logging(), **config})
     _POLLER.add(admin)
     return admin

@@ -4,6 +4,9 @@ librdkafka's own refusal of a property turned into a clear ConfigError (real lib
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import textwrap
 import time
 import weakref
 from pathlib import Path
@@ -101,3 +104,32 @@ def test_an_admin_client_its_owner_lets_go_is_freed_though_its_log_lines_were_po
         gc.collect()
         time.sleep(0.05)
     assert freed() is None, "the log poller keeps an admin client alive"
+
+
+def test_an_admin_client_left_in_a_reference_cycle_is_not_destroyed_by_its_own_thread() -> None:
+    """librdkafka completes an admin call on the client's background thread, where Python may collect
+    garbage; a client found in a cycle then was destroyed there, and librdkafka aborted the process ("calling
+    rd_kafka_destroy() from librdkafka owned thread is prohibited": a CI run of `tiering export` died so).
+    Here every allocation collects, and each client is let go in a cycle while its call is in flight."""
+    script = textwrap.dedent(
+        """
+        import gc, time, weakref
+        from confluent_kafka import TopicCollection
+        from tiering_core.kafka_logs import admin_client
+        gc.set_threshold(1)
+        freed = []
+        for _ in range(3):
+            admin = admin_client({"bootstrap.servers": "127.0.0.1:9"})
+            freed.append(weakref.ref(admin))
+            pending = admin.describe_topics(TopicCollection(["t"]), request_timeout=0.3)
+            cycle = [admin, pending]
+            cycle.append(cycle)
+            del admin, pending, cycle
+            time.sleep(0.8)  # the call fails on the client's thread, which collects the cycle
+        time.sleep(1.0)
+        print(sum(ref() is None for ref in freed))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["3"], "the clients let go were not destroyed"
