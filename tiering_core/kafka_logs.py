@@ -94,13 +94,14 @@ class _Admin(AdminClient):
     callback there. Python may collect garbage on any thread that allocates, so an AdminClient left in a
     reference cycle (an exception's traceback holding the frames that held it is enough) can be destroyed
     by its own background thread, and librdkafka aborts the process: "calling rd_kafka_destroy() from
-    librdkafka owned thread is prohibited". So, when the last reference goes, the client is handed to the
-    poller's thread, which lets go of it there (within ``_POLL_SECONDS``); after the poller stopped (at
-    interpreter exit), on the thread that let it go. Python calls ``__del__`` once: the second time its
-    references end, the client is destroyed."""
+    librdkafka owned thread is prohibited". So a client whose last reference goes on a thread Python did not
+    start (librdkafka's: a "dummy" thread to Python) is handed to the poller's thread, which lets go of it
+    there (within ``_POLL_SECONDS``); on Python's own threads, and once the poller stopped (at interpreter
+    exit), it is destroyed at once. Python calls ``__del__`` once: the second time its references end, the
+    client is destroyed."""
 
     def __del__(self) -> None:
-        if not _POLLER.stopped.is_set():
+        if isinstance(threading.current_thread(), threading._DummyThread) and not _POLLER.stopped.is_set():
             _POLLER.released.append(self)
 
 
