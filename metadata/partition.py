@@ -14,6 +14,7 @@ from array import array
 from typing import NamedTuple
 
 from segment_fsm import Fence, LogStarts, PartitionDeleteState, SegmentState
+from tiering_core.copy_choice import holder
 
 STARTED = int(SegmentState.COPY_SEGMENT_STARTED)
 FINISHED = int(SegmentState.COPY_SEGMENT_FINISHED)
@@ -165,7 +166,7 @@ class PartitionSegments:
 
         Copies overlap after a leader change (the new leader's segment boundaries differ) and, until the
         sweeper deletes one, when the same segment was finished twice. Each offset belongs to the copy
-        reads use for it (``segment_for_offset``: the highest leader epoch, then the later copy); a copy
+        reads use for it (``segment_for_offset``: the highest-ranked copy, ``rank``); a copy
         counts its size in proportion to the offsets that belong to it (integer division), so a copy
         entirely covered by a preferred one counts 0. Copies that overlap nothing count their size.
         """
@@ -186,12 +187,12 @@ class PartitionSegments:
         return out
 
     def _count_cluster(self, cluster: list[tuple[int, int]], out: dict[int, int]) -> None:
-        base, end, size, epoch = self.base, self.end, self.size, self.epoch
+        base, end, size = self.base, self.end, self.size
         if len(cluster) == 1:
             out[cluster[0][1]] = size[cluster[0][1]]
             return
         claimed: list[tuple[int, int]] = []  # offset ranges (inclusive) taken by preferred copies
-        for _, r in sorted(cluster, key=lambda pr: (epoch[pr[1]], pr[0]), reverse=True):
+        for _, r in sorted(cluster, key=lambda pr: self.rank(pr[1]), reverse=True):
             lo, hi = base[r], end[r]
             taken = sum(max(0, min(hi, b) - max(lo, a) + 1) for a, b in claimed)
             out[r] = size[r] * (hi - lo + 1 - taken) // (hi - lo + 1)
@@ -202,15 +203,14 @@ class PartitionSegments:
         return sum(self.counted_sizes().values())
 
     def duplicates(self) -> list[RemoteSegment]:
-        """Finished copies that hold exactly the offsets of another finished copy which reads prefer
-        (higher leader epoch, or the same epoch and finished later): redundant, to be deleted. Which one
-        stays is the same on every replica (the rows' order is the WAL's)."""
-        st, base, end, epoch, order = self.state, self.base, self.end, self.epoch, self.order
+        """Finished copies that hold exactly the offsets of another finished copy ranked higher (``rank``):
+        redundant, to be deleted. Which one stays is the same on every replica (the rows' order is the WAL's)."""
+        st, base, end, order = self.state, self.base, self.end, self.order
         keep: dict[tuple[int, int], int] = {}
-        for r in order:  # the later copy of equal offsets comes later in ``order``
+        for r in order:
             if st[r] == FINISHED:
                 key = (base[r], end[r])
-                if key not in keep or epoch[r] >= epoch[keep[key]]:
+                if key not in keep or self.rank(r) > self.rank(keep[key]):  # type: ignore[operator]
                     keep[key] = r
         return [self.segment(r) for r in order if st[r] == FINISHED and keep[(base[r], end[r])] != r]
 
@@ -235,21 +235,16 @@ class PartitionSegments:
             self.log_starts,
         )
 
+    def rank(self, row: int) -> tuple[int, int, int] | None:
+        """Where finished copies overlap, the highest-ranked one holds an offset (``tiering_core.copy_choice``):
+        the leader epoch the copy was made under, then its base offset, then the later row (the WAL's order; the
+        manifests' ``created_ms`` follows it, so ``Manifest.preference`` ranks the same). None if not finished."""
+        return (self.epoch[row], self.base[row], row) if self.state[row] == FINISHED else None
+
     def segment_for_offset(self, offset: int) -> RemoteSegment | None:
-        """The finished copy holding ``offset``; where copies overlap, the one made under the higher leader
-        epoch, then the one with the higher base offset, then the later one (``Manifest.preference``, the
-        rule the Spark source applies to the manifests). None if no copy holds it."""
-        base, end, st, epoch, order = self.base, self.end, self.state, self.epoch, self.order
-        i = bisect.bisect_right(order, offset, key=base.__getitem__) - 1
-        best = -1
-        while i >= 0:
-            r = order[i]
-            if base[r] < offset - self.max_span:
-                break
-            if st[r] == FINISHED and end[r] >= offset and (best < 0 or epoch[r] > epoch[best]):
-                best = r
-            i -= 1
-        return None if best < 0 else self.segment(best)
+        """The finished copy holding ``offset``, the highest-ranked where copies overlap; None if none does."""
+        row = holder(offset, self.order, self.base, self.end, self.rank, self.max_span)
+        return None if row is None else self.segment(row)
 
     def compact(self) -> int:
         """Drop rows whose deletion finished; returns how many. Idempotent."""

@@ -12,8 +12,8 @@ Kafka's base64 form): a reader that knows the id (the access layer, from the cli
 cluster) asks by it, so a topic deleted and created again under its name is never answered with the other
 incarnation's copies.
 Offsets are inclusive. Where copies overlap (after a leader change) the choice is the metadata's own
-``segment_for_offset``: the copy of the higher leader epoch, then the later one; every reader makes
-the same choice.
+``segment_for_offset`` (``tiering_core.copy_choice``: the copy of the higher leader epoch, then the higher
+base offset, then the later one); every reader makes the same choice.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ metadata WAL (the TieredConsumer, the HTTP service, the access layer), and ``Lis
 source, on the driver and on each executor). ``RemoteReader`` takes either: locating the copy for an offset,
 walking to the next copy and confirming a copy still exists are the same code for every reader.
 
-Both rank overlapping copies by one preference (``tiering_core.objects.Manifest.preference``: leader epoch, then
-base offset, then the later copy), and a reader walking a partition from its start reads the same copies over
-either (``tests/unit/test_copy_choice.py``). ``ListingCatalog`` answers an offset inside an overlap with the copy
+Both choose among overlapping copies by one rule (``tiering_core.copy_choice``: leader epoch, then base offset,
+then the later copy), and a reader walking a partition from its start reads the same copies over either
+(``tests/unit/test_copy_choice.py``). ``ListingCatalog`` answers an offset inside an overlap with the copy
 that walk chose for it; ``MetadataCatalog`` with the preferred copy holding it, which can differ there.
 """
 

@@ -4,8 +4,8 @@
 A copy counts once its manifest exists: the manifest is the last object a copy writes, and the
 first one a deletion removes, so a listed manifest is a finished copy (or one whose deletion has
 just begun: its ``.log`` may vanish while it is read, which fails the read naming the key). Where
-copies overlap (after a leader change, or a retried copy) the choice is the one every reader makes:
-the copy of the higher leader epoch, then the higher base offset, then the later one (``Manifest.preference``).
+copies overlap (after a leader change, or a retried copy) the choice is the metadata's too:
+``tiering_core.copy_choice`` over ``Manifest.preference``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from tiering_core.copy_choice import walk
 from tiering_core.errors import TieringError
 from tiering_core.objects import Manifest, SegmentRef, parse_key
 from tiering_core.stores.prefixed import PrefixedStore
@@ -125,22 +126,16 @@ def list_remote_partitions(
 
 
 def choose_copies(manifests: list[Manifest]) -> list[Copy]:
-    """Copies covering every offset that any manifest covers, once, in order (holes stay holes)."""
+    """The copies a reader walking the manifests from the lowest offset reads (``copy_choice.walk``), each with
+    the offsets it is read for, in order (holes stay holes)."""
     ordered = sorted(manifests, key=lambda m: m.base_offset)
-    chosen: list[Copy] = []
-    next_offset = ordered[0].base_offset if ordered else 0
-    while ordered:
-        candidates = [m for m in ordered if m.base_offset <= next_offset <= m.end_offset]
-        if not candidates:
-            later = [m for m in ordered if m.base_offset > next_offset]
-            if not later:
-                break
-            next_offset = min(m.base_offset for m in later)  # a hole (data Kafka deleted before its upload)
-            continue
-        best = max(candidates, key=Manifest.preference)
-        ref = best.ref
-        chosen.append(Copy(best, ref.key("log"), ref.key("indexes"), next_offset, best.end_offset))
-        next_offset = best.end_offset + 1
+    base = [m.base_offset for m in ordered]
+    end = [m.end_offset for m in ordered]
+    span = max((e - b for b, e in zip(base, end, strict=True)), default=0)
+    chosen = []
+    for row, first, last in walk(range(len(ordered)), base, end, lambda r: ordered[r].preference(), span):
+        ref = ordered[row].ref
+        chosen.append(Copy(ordered[row], ref.key("log"), ref.key("indexes"), first, last))
     return chosen
 
 

@@ -12,6 +12,7 @@ from metadata import MetadataState
 from reader.listing import choose_copies
 from segment_fsm import SegmentState
 from tests.metadata_factory import TOPIC_ID, seg
+from tiering_core.copy_choice import holder, walk
 from tiering_core.objects import Manifest
 
 CopySpec = tuple[int, int, int, int]  # base, length, leader epoch, the records' highest epoch below it
@@ -63,3 +64,31 @@ def test_the_copying_leaders_epoch_wins_over_the_records_epochs() -> None:
     manifests = [_manifest(old, 0, 99, 4, 4, 1), _manifest(new, 0, 99, 5, 2, 2)]
     assert [c.manifest.segment_id for c in choose_copies(manifests)] == [new]
     assert _metadata_walk([(old, 0, 99, 4), (new, 0, 99, 5)]) == [(new, 0, 99)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 30), st.integers(0, 3), st.booleans()), max_size=10),
+       st.integers(0, 100))  # fmt: skip
+def test_the_holder_is_the_highest_ranked_copy_holding_the_offset_and_the_walk_follows_holders(
+    rows: list[tuple[int, int, int, bool]], offset: int
+) -> None:
+    """Against the definition, by brute force: rows (base, length, epoch, finished); unfinished rows hold
+    nothing; rank is (epoch, base, row)."""
+    base = [b for b, _, _, _ in rows]
+    end = [b + n - 1 for b, n, _, _ in rows]
+    order = sorted(range(len(rows)), key=base.__getitem__)
+    span = max((n - 1 for _, n, _, _ in rows), default=0)
+
+    def rank(r: int) -> tuple[int, int, int] | None:
+        return (rows[r][2], base[r], r) if rows[r][3] else None
+
+    def expected(o: int) -> int | None:
+        holding = [r for r in range(len(rows)) if rows[r][3] and base[r] <= o <= end[r]]
+        return max(holding, key=rank, default=None)  # type: ignore[arg-type]
+
+    assert holder(offset, order, base, end, rank, span) == expected(offset)
+    steps = list(walk(order, base, end, rank, span))
+    held = sorted({o for r in range(len(rows)) if rows[r][3] for o in range(base[r], end[r] + 1)})
+    walked = [o for _, first, last in steps for o in range(first, last + 1)]
+    assert walked == held, "the walk skips or repeats an offset some copy holds"
+    for row, first, last in steps:
+        assert expected(first) == row and last == end[row], "each step enters the holder and reads it to its end"
