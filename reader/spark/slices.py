@@ -84,15 +84,15 @@ class SlicePack(InputPartition):
 
 
 def slice_reader(
-    store: RemoteStore, partitions: Iterable[RemotePartition], window_bytes: int
+    store: RemoteStore, partitions: Iterable[RemotePartition], window_bytes: int, *, gets: int = 2
 ) -> RemoteReader[ListingCatalog]:
     """The read core for slices of these partitions' copies: windows of ``window_bytes``, up to four read ahead in
-    a pool of three windows (at least 4 MiB: a copy smaller than a window is a window of its own), two GETs at a
-    time, no disk cache. The settings name no cluster: the listing is the catalog. ``close()`` it (a context
-    manager)."""
+    a pool of three windows (at least 4 MiB: a copy smaller than a window is a window of its own), ``gets`` GETs
+    at a time (two on an executor; the driver's planning, which reads only indexes, asks for more), no disk cache.
+    The settings name no cluster: the listing is the catalog. ``close()`` it (a context manager)."""
     settings = ReaderSettings(
         bootstrap_servers="", fetch_window_bytes=window_bytes, prefetch_windows=4,
-        prefetch_pool_bytes=max(3 * window_bytes, 4 * MIB), download_max_concurrency=2, index_cache_segments=16,
+        prefetch_pool_bytes=max(3 * window_bytes, 4 * MIB), download_max_concurrency=gets, index_cache_segments=16,
         disk_cache_dir=None, hot_data_interval_seconds=None,
     )  # fmt: skip
     return RemoteReader(settings, ListingCatalog(partitions), store)

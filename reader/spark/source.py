@@ -23,7 +23,7 @@ from reader.listing import RemotePartition, list_remote_partitions
 from reader.spark.broker_tail import BrokerSlice, read_broker_slice, tail_slices, with_local_tails
 from reader.spark.columns import SPARK_SCHEMA
 from reader.spark.options import ReadOptions, parse_options
-from reader.spark.planning import PartitionRange, plan_slices, resolve_range
+from reader.spark.planning import PartitionRange, plan_reader, plan_slices, resolve_range
 from reader.spark.slices import SlicePack, pack_slices, read_slices, slice_reader
 from tiering_core.kafka_cluster import KafkaCluster
 from tiering_core.stores.factory import open_store
@@ -57,11 +57,12 @@ def plan(opts: ReadOptions, store: PrefixedStore) -> tuple[list[RemotePartition]
     kept = (_above_log_start(rp, opts.log_starts.get(rp.topic_id, {}).get(rp.partition, -1)) for rp in found)
     partitions = [rp for rp in kept if rp.copies and opts.wanted(rp.topic, rp.partition)]
     ranges = []
-    for rp in partitions:
-        start = (opts.starting or {}).get(rp.topic, {}).get(rp.partition)
-        end = (opts.ending or {}).get(rp.topic, {}).get(rp.partition)
-        ranges.append(resolve_range(store, rp, start, end, opts.starting_timestamp, opts.ending_timestamp,
-                                    fail_on_data_loss=opts.fail_on_data_loss))  # fmt: skip
+    with plan_reader(store, partitions) as reader:
+        for rp in partitions:
+            start = (opts.starting or {}).get(rp.topic, {}).get(rp.partition)
+            end = (opts.ending or {}).get(rp.topic, {}).get(rp.partition)
+            ranges.append(resolve_range(reader, rp, start, end, opts.starting_timestamp, opts.ending_timestamp,
+                                        fail_on_data_loss=opts.fail_on_data_loss))  # fmt: skip
     if not opts.include_local_tail:
         return partitions, ranges
     topics = opts.topics or sorted({rp.topic for rp in found})
@@ -97,7 +98,8 @@ class TieredReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         store = shared_store(self.opts)
         partitions, ranges = plan(self.opts, store)
-        slices = plan_slices(store, partitions, ranges, self.opts.max_slice_bytes)
+        with plan_reader(store, partitions) as reader:
+            slices = plan_slices(reader, partitions, ranges, self.opts.max_slice_bytes)
         packs: list[InputPartition] = list(pack_slices(slices, self.opts.max_slice_bytes))
         if self.opts.include_local_tail:
             packs.extend(tail_slices(ranges, self.opts.kafka))

@@ -30,7 +30,7 @@ from deploy.stack import Endpoints
 from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_settings
 from reader.cursor import CursorCache
 from reader.listing import ListingCatalog, list_remote_partitions
-from reader.spark.planning import PartitionRange, plan_slices
+from reader.spark.planning import PartitionRange, plan_reader, plan_slices
 from reader.spark.slices import read_slices, slice_reader
 from tests.conftest import create_topic
 from tests.kafka_consumer_model import consumer_kept
@@ -205,7 +205,8 @@ def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int) -> dict[
     assert rp.topic_id == topic_id
     rng = PartitionRange(topic, topic_id, 0, rp.start, ry, rp.start, ry + 1)
     out: dict[int, Record] = {}
-    slices = plan_slices(store, [rp], [rng], 24 * 1024)
+    with plan_reader(store, [rp]) as planner:
+        slices = plan_slices(planner, [rp], [rng], 24 * 1024)
     assert sum(s.start > 0 or s.end < s.copy.manifest.log_size for s in slices) > len(rp.copies), "too few splits"
     with slice_reader(store, [rp], 64 * 1024) as reader:
         for batch in read_slices(reader, slices):

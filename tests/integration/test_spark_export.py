@@ -397,6 +397,31 @@ def test_bad_segment_fails_naming_the_key_and_commits_nothing(
     assert not list(parquet.glob("partition=*/**/*.parquet")), "data files of a failed run"
 
 
+def test_a_damaged_index_object_fails_the_plan_naming_its_key_before_any_spark_work(
+    tiered: Tiered, spark: SparkSession, tmp_path: Path
+) -> None:
+    """The driver plans through the read core's index cache: a copy's ``.indexes`` is checked against its
+    manifest's CRC-32C before its offset index places a slice (a range starting inside the copy needs it)."""
+    store = open_store(tiered.settings.remote_storage)
+    log_key = _first_log_key(tiered)
+    key = log_key.removesuffix(".log") + ".indexes"
+    inside = int(log_key.rsplit("/", 1)[-1].split("-")[0].split(".")[0]) + 1
+    original = store.get_bytes(key)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup(None))
+    try:
+        broken = bytearray(original)
+        broken[len(broken) // 2] ^= 0x55
+        store.put_bytes(key, bytes(broken))
+        with pytest.raises(Exception, match=re.escape(key)) as failure:
+            run_export(spark, request(tiered, "parquet", tmp_path / "out", starting={0: inside}))
+        assert "CRC-32C" in str(failure.value), str(failure.value)[-500:]
+    finally:
+        store.put_bytes(key, original)
+    assert set(tracker.getJobIdsForGroup(None)) == jobs_before, "Spark ran a job on a plan from a damaged index"
+    assert not list((tmp_path / "out").glob("partition=*/**/*.parquet"))
+
+
 def test_unknown_topic_and_bad_options_fail_before_any_spark_work(
     tiered: Tiered, spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -145,7 +145,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     from reader.listing import UnknownTopic
     from reader.spark.export import KAFKA_COLUMNS
     from reader.spark.options import parse_options, store_options
-    from reader.spark.planning import plan_slices
+    from reader.spark.planning import plan_reader, plan_slices
     from reader.spark.registry_avro import decode_registry_avro
     from reader.spark.session import export_session
     from reader.spark.slices import read_slices, slice_reader
@@ -170,8 +170,9 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         log_bytes = sum(c.manifest.log_size for rp in partitions for c in rp.copies)
 
         started = time.perf_counter()
+        with plan_reader(shared_store(opts), partitions) as planner:
+            slices = plan_slices(planner, partitions, ranges, opts.max_slice_bytes)
         with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
-            slices = plan_slices(shared_store(opts), partitions, ranges, opts.max_slice_bytes)
             decoded = sum(b.num_rows for b in read_slices(reader, slices))
         decode_seconds = time.perf_counter() - started
 
