@@ -10,12 +10,15 @@ compares each record, byte for byte, with what librdkafka read from the broker b
 disk, read_committed and read_uncommitted. The topic is written to make transactions hard: three
 transactional producers interleave their batches with a plain producer's, transactions commit or abort in a
 seeded order and span several segments, so an aborted transaction's records, its ABORT marker and the
-transaction index entry that names it sit in different copies.
+transaction index entry that names it sit in different copies. The copies are then shaped as leader changes
+and lost uploads leave them (``_overlap_and_hole``): a later leader's copy that begins inside one copy and
+ends inside the next, and a copy missing in the middle.
 """
 
 from __future__ import annotations
 
 import random
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,17 +30,24 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from deploy.stack import Endpoints
+from metadata.records import SegmentRecord
 from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_settings
 from reader.cursor import CursorCache
 from reader.listing import ListingCatalog, list_remote_partitions
 from reader.spark.planning import PartitionRange, plan_reader, plan_slices
 from reader.spark.slices import read_slices, slice_reader
+from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.kafka_consumer_model import consumer_kept
 from tests.reader_harness import running_sidecar
 from tests.sidecar_harness import wait_for, write_config
 from tiering.cli.main import main
-from tiering_core.formats import list_segments
+from tiering.copier import LocalSegment
+from tiering.sidecar.context import SidecarContext
+from tiering_core.formats import list_segments, parse_txn_index
+from tiering_core.formats.batch import scan_headers
+from tiering_core.formats.layout import SegmentFiles
+from tiering_core.objects import SegmentRef
 from tiering_core.stores.factory import open_store
 
 pytestmark = pytest.mark.integration
@@ -142,7 +152,60 @@ def written(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
         wait_for(tiered, 300, "the sidecar to tier every rolled segment and the broker to delete locally")
         remote_end = ctx.manager.partition_state(topic_id, 0).remote_end_offset
-        yield {"topic": topic, "topic_id": topic_id, "config": config, "reference": reference, "ry": remote_end}
+        shaped = _overlap_and_hole(ctx, topic, topic_id, tmp_path_factory.mktemp("overlap"))
+        yield {"topic": topic, "topic_id": topic_id, "config": config, "reference": reference, "ry": remote_end,
+               **shaped}  # fmt: skip
+
+
+def _overlap_and_hole(ctx: SidecarContext, topic: str, topic_id: str, work: Path) -> dict[str, Any]:
+    """Shape the finished copies as leader changes and lost uploads leave them, through the sidecar's own copier
+    and metadata records: a copy made under a later leader epoch from the middle of the third copy to the middle
+    of the fourth (its own batch boundaries, offset index and the transaction index entries of the markers it
+    holds; no producer snapshot, so readers look further for transactions left open), and the second-to-last
+    copy deleted (a hole: its offsets are read by no one). Returns the overlapping copy's id and the hole."""
+    finished = ctx.manager.segments(topic_id, 0, {SegmentState.COPY_SEGMENT_FINISHED})
+    epoch = max(s.leader_epoch for s in finished) + 1  # a later leader: its copy is preferred where they overlap
+    refs = [SegmentRef(topic, topic_id, 0, s.base_offset, uuid.UUID(bytes=s.segment_id)) for s in finished]
+    (a, ref_a), (b, ref_b) = (finished[2], refs[2]), (finished[3], refs[3])
+    logs = [ctx.store.get_bytes(r.key("log")) for r in (ref_a, ref_b)]
+    heads = [list(scan_headers(r.key("log"), log)) for r, log in zip((ref_a, ref_b), logs, strict=True)]
+    enter, leave = heads[0][len(heads[0]) // 2], heads[1][len(heads[1]) // 2]
+    data = logs[0][enter.position :] + logs[1][: leave.position]
+    first, last = enter.base_offset, leave.base_offset - 1
+    assert a.base_offset < first <= a.end_offset < last < b.end_offset
+    partition_dir = work / f"{topic}-0"
+    partition_dir.mkdir()
+    files = SegmentFiles(partition_dir, first)
+    files.log.write_bytes(data)
+    index = b"".join(struct.pack(">ii", h.base_offset + h.last_offset_delta - first, h.position)
+                     for h in list(scan_headers(str(files.log), data))[1::2])  # fmt: skip
+    files.index.write_bytes(index)
+    txns = []
+    for ref in (ref_a, ref_b):
+        copy = ctx.copier.manifest(ref)
+        position, length = copy.index_parts["txn"]
+        raw = ctx.store.get_bytes(ref.key("indexes"))[position : position + length] if length else b""
+        entries = [raw[i : i + 34] for i in range(0, len(raw), 34)]
+        txns += [e for e in entries if first <= parse_txn_index(e)[0].last_offset <= last]
+    files.txnindex.write_bytes(b"".join(txns))
+    overlap = SegmentRef(topic, topic_id, 0, first, uuid.uuid4())
+
+    def record(ref: SegmentRef, state: SegmentState, end: int, size: int, max_ts: int) -> SegmentRecord:
+        return SegmentRecord(topic=topic, topic_id=topic_id, partition=0, segment_id=ref.segment_id, state=state,
+                             broker_id=1, leader_epoch=epoch, event_time=ctx.now_ms(), base_offset=ref.base_offset,
+                             end_offset=end, max_timestamp=max_ts, size=size)  # fmt: skip
+
+    max_ts = max(h.max_timestamp for h in scan_headers(str(files.log), data))
+    assert ctx.manager.publish(record(overlap, SegmentState.COPY_SEGMENT_STARTED, last, len(data), max_ts)).accepted
+    manifest = ctx.copier.copy(overlap, LocalSegment(files, last + 1), leader_epoch=epoch)
+    assert (manifest.end_offset, manifest.log_size) == (last, len(data))
+    assert ctx.manager.publish(record(overlap, SegmentState.COPY_SEGMENT_FINISHED, last, len(data), max_ts)).accepted
+    gone, gone_ref = finished[-2], refs[-2]
+    for state in (SegmentState.DELETE_SEGMENT_STARTED, SegmentState.DELETE_SEGMENT_FINISHED):
+        assert ctx.manager.publish(record(gone_ref, state, gone.end_offset, gone.size, gone.max_timestamp)).accepted
+        if state == SegmentState.DELETE_SEGMENT_STARTED:
+            ctx.copier.delete(gone_ref)
+    return {"overlap": overlap.segment_id, "hole": range(gone.base_offset, gone.end_offset + 1)}
 
 
 def _remote_part(reference: dict[int, Record], ry: int) -> dict[int, Record]:
@@ -196,13 +259,14 @@ def _via_cursors(reader: RemoteReader, topic: str, topic_id: str, read_committed
         cursors.close()
 
 
-def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int) -> dict[int, Record]:
+def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int, overlap: uuid.UUID) -> dict[int, Record]:
     """The Spark source's path (committed records only): the listing's copies, planned into slices of 24 KiB (each
     64 KiB copy split into several, so slices begin and end inside objects), each read as an executor reads it:
     the read core's windows cut at the slice's end."""
     store = open_store(load_reader_settings(config).remote_storage)
     [rp] = list_remote_partitions(store, [topic])
     assert rp.topic_id == topic_id
+    assert any(c.manifest.segment_id == overlap for c in rp.copies), "the walk skips the later leader's copy"
     rng = PartitionRange(topic, topic_id, 0, rp.start, ry, rp.start, ry + 1)
     out: dict[int, Record] = {}
     with plan_reader(store, [rp]) as planner:
@@ -219,13 +283,17 @@ def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int) -> dict[
 
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
 def test_every_remote_reader_serves_what_kafkas_consumer_read(written: dict[str, Any], isolation: str) -> None:
-    topic, topic_id, ry = written["topic"], written["topic_id"], written["ry"]
-    want = _remote_part(written["reference"][isolation], ry)
+    topic, topic_id, ry, hole = written["topic"], written["topic_id"], written["ry"], written["hole"]
+    want = {o: r for o, r in _remote_part(written["reference"][isolation], ry).items() if o not in hole}
     committed = isolation == "read_committed"
     settings = load_reader_settings(written["config"], fetch_window_bytes=64 * 1024, prefetch_windows=2)
     with RemoteReader.open(settings, [topic]) as reader:
         rx, _ = reader.catalog.remote_offsets(topic, 0)
-        assert rx == 0 and len(reader.catalog.copies(topic, 0)) >= 8, "too few copies to cross"
+        copies = reader.catalog.copies(topic, 0)
+        assert rx == 0 and len(copies) >= 8, "too few copies to cross"
+        later = next(c for c in copies if uuid.UUID(bytes=c.segment_id) == written["overlap"])
+        assert reader.catalog.copy_for_offset(topic, 0, later.base_offset) == later, "the later leader's copy lost"
+        assert not any(c.base_offset in hole for c in copies), "the deleted copy is still listed"
         readers = {
             "stream (TieredConsumer)": _via_stream(reader, topic, committed),
             "cursors (access layer, HTTP)": _via_cursors(reader, topic, topic_id, committed),
@@ -235,7 +303,7 @@ def test_every_remote_reader_serves_what_kafkas_consumer_read(written: dict[str,
         readers["stream over the object listing"] = _via_stream(listed, topic, committed)
         readers["cursors over the object listing"] = _via_cursors(listed, topic, topic_id, committed)
     if committed:
-        readers["slices (Spark source)"] = _via_spark_slices(written["config"], topic, topic_id, ry)
+        readers["slices (Spark source)"] = _via_spark_slices(written["config"], topic, topic_id, ry, written["overlap"])
     for name, got in readers.items():
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
