@@ -128,7 +128,8 @@ def read_broker_slice(part: BrokerSlice, max_rows: int = 65536) -> Iterator[pa.R
 
 def _row(msg: object) -> tuple:
     kind, ts = msg.timestamp()  # type: ignore[attr-defined]
-    headers = [{"key": k, "value": v} for k, v in (msg.headers() or [])]  # type: ignore[attr-defined]
+    given = msg.headers()  # type: ignore[attr-defined]
+    headers = [{"key": k, "value": v} for k, v in given] if given else None  # null without headers, as Spark's
     return (msg.key(), msg.value(), msg.offset(), ts, 1 if kind == 2 else 0, headers)  # type: ignore[attr-defined]
 
 

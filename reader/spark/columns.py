@@ -266,6 +266,7 @@ def record_batch(topic: str, partition: int, keys: pa.Array, values: pa.Array, o
                  timestamps_ms: pa.Buffer, timestamp_types: pa.Array, headers: pa.Array) -> pa.RecordBatch:  # fmt: skip
     """The columns of Spark's Kafka source schema (``timestamps_ms``: int64 milliseconds since the epoch)."""
     n = len(offsets)
+    headers = null_when_empty(headers)
     columns = [
         keys,
         values,
@@ -279,6 +280,17 @@ def record_batch(topic: str, partition: int, keys: pa.Array, values: pa.Array, o
         headers,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
+def null_when_empty(headers: pa.ListArray) -> pa.Array:
+    """The headers column as Spark's Kafka source gives it: null for a record without headers (its
+    ``KafkaRecordToRowConverter``), not an empty list."""
+    empty = pc.equal(pc.list_value_length(headers), 0)
+    if not pc.any(empty).as_py():
+        return headers
+    if pc.all(empty).as_py():
+        return pa.nulls(len(headers), headers.type)
+    return pa.ListArray.from_arrays(headers.offsets, headers.values, type=headers.type, mask=empty)
 
 
 def native_batch(topic: str, partition: int, decoder: Any) -> pa.RecordBatch | None:

@@ -32,6 +32,7 @@ from tests.conftest import unavailable
 from tests.integration.test_spark_export import (  # noqa: F401  (the module's fixtures)
     Tiered,
     digest,
+    header_pairs,
     produce_json_filler,
     spark,
     tier_everything_rolled,
@@ -124,8 +125,7 @@ def table_digests(props: dict[str, str], identifier: str) -> tuple[dict[int, str
         duck = duckdb.read_parquet(files).select("offset", "key", "value", "headers").to_arrow_table().to_pylist()
     out = []
     for read in (rows, duck):
-        digests = {r["offset"]: digest(r["offset"], r["key"], r["value"],
-                                       [(h["key"], h["value"]) for h in r["headers"]]) for r in read}  # fmt: skip
+        digests = {r["offset"]: digest(r["offset"], r["key"], r["value"], header_pairs(r["headers"])) for r in read}
         assert len(digests) == len(read), "an offset is in the table twice"
         out.append(digests)
     return out[0], out[1], table

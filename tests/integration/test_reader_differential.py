@@ -276,7 +276,7 @@ def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int, overlap:
         for batch in read_slices(reader, slices):
             for row in batch.to_pylist():
                 assert row["offset"] not in out, f"offset {row['offset']} read twice"
-                headers = [(h["key"], h["value"]) for h in row["headers"]]
+                headers = [(h["key"], h["value"]) for h in row["headers"] or []]  # null without headers
                 out[row["offset"]] = (row["key"], row["value"], headers)
     return out
 

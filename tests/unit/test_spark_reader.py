@@ -51,7 +51,7 @@ def _segment() -> tuple[bytes, set[int]]:
 
 def _expected(data: bytes, dropped: set[int]) -> dict[int, tuple]:
     return {
-        r.offset: (r.key, r.value, list(r.headers), r.timestamp)
+        r.offset: (r.key, r.value, list(r.headers) or None, r.timestamp)  # no headers: null, as Spark's Kafka source
         for b in iter_batches("x", data)
         for r in b.records
         if r.offset not in dropped
@@ -62,7 +62,7 @@ def _rows(batches: list[pa.RecordBatch]) -> dict[int, tuple]:
     out = {}
     for batch in batches:
         for row in batch.to_pylist():
-            headers = [(h["key"], h["value"]) for h in row["headers"]]
+            headers = None if row["headers"] is None else [(h["key"], h["value"]) for h in row["headers"]]
             out[row["offset"]] = (row["key"], row["value"], headers, int(row["timestamp"].timestamp() * 1000))
             assert (row["topic"], row["partition"], row["timestampType"]) == ("t", 3, 0)
     return out
