@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -54,11 +52,10 @@ class PartitionRange:
     stable_end: int
 
 
-@contextmanager
-def plan_reader(store: RemoteStore, partitions: list[RemotePartition]) -> Iterator[RemoteReader[ListingCatalog]]:
-    """The read core the planning of these partitions reads indexes (and a timestamp scan's records) through."""
-    with slice_reader(store, partitions, _TIME_SCAN_WINDOW, gets=_GETS) as reader:
-        yield reader
+def plan_reader(store: RemoteStore, partitions: list[RemotePartition]) -> RemoteReader[ListingCatalog]:
+    """The read core the planning of these partitions reads indexes (and a timestamp scan's records) through;
+    ``close()`` it (a context manager)."""
+    return slice_reader(store, partitions, _TIME_SCAN_WINDOW, gets=_GETS)
 
 
 def _indexes(reader: RemoteReader, copy: Copy) -> SegmentCopy:
