@@ -134,10 +134,15 @@ def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints)
     summary = lines[-1]
     assert set(summary) >= {"ratio", "passthrough_ratio", "remote_mb_s", "broker_mb_s", "passthrough_mb_s",
                             "proxy_cpu_s_per_gb", "passthrough_cpu_s_per_gb", "first_remote_record_ms",
-                            "proxy_peak_rss_mb"}  # fmt: skip
+                            "proxy_peak_rss_mb", "kroxylicious_mb_s", "kroxylicious_passthrough_ratio",
+                            "passthrough_vs_kroxylicious", "kroxylicious_cpu_s_per_gb",
+                            "kroxylicious_peak_rss_mb"}  # fmt: skip
     assert all(v > 0 for v in summary["first_remote_record_ms"].values())
+    ours_vs_theirs = {n: summary["passthrough_mb_s"][n] / summary["kroxylicious_mb_s"][n] for n in ("100", "1024")}
+    assert summary["passthrough_vs_kroxylicious"] == round(min(ours_vs_theirs.values()), 3)
+    assert all(v > 0 for v in summary["kroxylicious_cpu_s_per_gb"].values()) and summary["kroxylicious_peak_rss_mb"] > 0
     sides = [(r["side"], r["record_size"]) for r in lines[:-1]]
-    assert sides == [(s, n) for n in (100, 1024) for s in ("remote", "broker", "passthrough")]
+    assert sides == [(s, n) for n in (100, 1024) for s in ("remote", "broker", "passthrough", "kroxylicious")]
     for r in lines[:-1]:
         assert r["bytes"] == r["records"] * r["record_size"] and r["mb_s"] > 0
 

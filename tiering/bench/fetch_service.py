@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,37 +23,20 @@ from pathlib import Path
 
 import click
 import httpx
-import psutil
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.sidecar_config import write_sidecar_config
 from tiering.bench.catchup import _CHILD, _produce, _tier, segment_bytes
+from tiering.bench.sampling import ProcessSampler
 from tiering.bench.upload import run_sampled
 from tiering_core.formats import iter_batches
 
 _TOKEN = "bench-token"
 
 
-class _PeakRss(threading.Thread):
-    """Samples a process's RSS every 20 ms until stopped."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.process = psutil.Process(pid)
-        self.peak = 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.02):
-            try:
-                self.peak = max(self.peak, self.process.memory_info().rss)
-            except psutil.Error:
-                return
-
-
 @contextmanager
-def _service(config: Path, log: Path) -> Iterator[tuple[httpx.Client, _PeakRss]]:
+def _service(config: Path, log: Path) -> Iterator[tuple[httpx.Client, ProcessSampler]]:
     """``tiering reader serve`` on a free port, ready; a client with the token; the RSS sampler."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,7 +47,7 @@ def _service(config: Path, log: Path) -> Iterator[tuple[httpx.Client, _PeakRss]]
         proc = subprocess.Popen([sys.executable, "-m", "tiering", *args], stdout=out, stderr=out, env=env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {_TOKEN}"},
                           timeout=300)  # fmt: skip
-    sampler = _PeakRss(proc.pid)
+    sampler: ProcessSampler | None = None
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -77,10 +59,11 @@ def _service(config: Path, log: Path) -> Iterator[tuple[httpx.Client, _PeakRss]]
             except httpx.TransportError:
                 pass
             time.sleep(0.3)
-        sampler.start()
+        sampler = ProcessSampler(proc.pid)
         yield client, sampler
     finally:
-        sampler.done.set()
+        if sampler is not None:
+            sampler.stop()
         client.close()
         proc.terminate()
         proc.wait(60)

@@ -1,15 +1,16 @@
 """``tiering bench proxy``: a plain confluent-kafka consumer through the proxy beside the same consumer
-straight on the broker.
+straight on the broker, and through Kroxylicious (the Kafka community's proxy) as the reference proxy.
 
 For each record size the same records (same codec) go to two topics: one tiered by the sidecar (most of
-its data then lives in S3 only) and a control topic without tiering. Four sides read a topic from
+its data then lives in S3 only) and a control topic without tiering. Up to four sides read a topic from
 offset 0 to its end, each in a child process with the same loop as ``tiering bench catchup`` (consume up
 to 1000, touch every value): (a) ``remote``: the tiered topic through the proxy (its remote part comes
 from S3, its tail from the broker); (b) ``broker``: the control topic straight from the broker's disk;
-(c) ``passthrough``: the control topic through the proxy; (d) the broker again, as (b). The sides are
-interleaved over ``--rounds`` rounds and each is reported by its median, because a broker read on this
-kind of machine varies by several times from one minute to the next. The proxy runs as its own process
-(``tiering proxy serve``) so that its CPU time and peak RSS are its own.
+(c) ``passthrough``: the control topic through the proxy; (d) ``kroxylicious``: the control topic through
+Kroxylicious with no filters (``deploy/kroxylicious.py``), what a proxy that only forwards frames costs on
+the same machine. The sides are interleaved over ``--rounds`` rounds and each is reported by its median,
+because a broker read on this kind of machine varies by several times from one minute to the next. Each
+proxy runs as its own process so that its CPU time and peak RSS are its own.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -29,9 +31,11 @@ import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
+from deploy.kroxylicious import start_kroxylicious
 from deploy.procs import free_port
 from deploy.sidecar_config import write_sidecar_config
 from tiering.bench.catchup import _CHILD, _produce, _tier, segment_bytes
+from tiering.bench.sampling import ProcessSampler
 from tiering.bench.upload import run_sampled
 
 SIDES = ("remote", "broker", "passthrough")
@@ -51,16 +55,16 @@ class ProxyProcess:
         with self.log.open("w") as log:  # a file, not a pipe: nobody reads a pipe while the benchmark runs
             self.proc = subprocess.Popen([sys.executable, "-m", "tiering", "--log-level", "WARNING", "proxy", "serve",
                                           "--config", str(self.config)], stderr=log)  # fmt: skip
-        self.watched = psutil.Process(self.proc.pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
-        self._sampler.start()
+        self.sampler = ProcessSampler(self.proc.pid)
         self._wait_listening()
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def peak(self) -> int:
+        return self.sampler.peak
 
     def _wait_listening(self) -> None:
         import socket
@@ -78,19 +82,11 @@ class ProxyProcess:
                 time.sleep(0.2)
         raise click.ClickException("the proxy did not listen within 120 s")
 
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            try:
-                self.peak = max(self.peak, self.watched.memory_info().rss)
-            except psutil.Error:
-                return
-
     def cpu_seconds(self) -> float:
-        times = self.watched.cpu_times()
-        return times.user + times.system
+        return self.sampler.cpu_seconds()
 
     def close(self) -> None:
-        self._stop.set()
+        self.sampler.stop()
         self.proc.terminate()
         try:
             self.proc.wait(30)
@@ -127,6 +123,14 @@ def _read(bootstrap: str, topic: str, end: int, config: Path) -> dict:
     return result
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The reference proxy (Kroxylicious, no filters) in front of the same broker."""
+
+    bootstrap: str
+    sampler: ProcessSampler
+
+
 @click.command("proxy")
 @click.option("--size-mb", type=click.IntRange(16, 16384), default=256, show_default=True,
               help="Megabytes of records per record size.")  # fmt: skip
@@ -134,50 +138,74 @@ def _read(bootstrap: str, topic: str, end: int, config: Path) -> dict:
               help="Rounds of the interleaved sides; each side is reported by its median.")  # fmt: skip
 @click.option("--codec", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
               show_default=True, help="Compression of both topics.")  # fmt: skip
+@click.option("--reference-proxy/--no-reference-proxy", default=True, show_default=True,
+              help="Also read the control topic through Kroxylicious, the Kafka community's proxy, with no "
+                   "filters (its jars fetched once from Maven Central; needs a JDK): what a proxy that only "
+                   "forwards frames costs the same consumer on this machine.")  # fmt: skip
 @stack_dir_option
-def proxy_bench(size_mb: int, rounds: int, codec: str, stack_dir: Path | None) -> None:
+def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, stack_dir: Path | None) -> None:
     """A confluent-kafka consumer through the proxy (remote data; local data) beside the same consumer
-    straight from the broker's disk.
+    straight from the broker's disk, and local data through Kroxylicious.
 
     Records of ~100 B and ~1 KB. One JSON object per side, size and round, then a last line with
     `ratio` (remote through the proxy / straight from the broker, MB/s medians, the lower of the two
     record sizes), `passthrough_ratio` (local data through the proxy / straight, likewise), records/s and
     MB/s of every side, the proxy's CPU seconds per GB it served from remote (and the local S3 server's,
     which shares the machine here) and per GB it passed through, the time to the first record of the
-    tiered topic through the proxy in the first round (a cold partition) and the proxy's peak RSS.
+    tiered topic through the proxy in the first round (a cold partition) and the proxy's peak RSS. With
+    the reference proxy: `kroxylicious_passthrough_ratio` (local data through Kroxylicious / straight),
+    `passthrough_vs_kroxylicious` (ours / Kroxylicious, local data), Kroxylicious' CPU per GB and peak RSS.
     Targets: ratio >= 0.8 (stretch 1.0), passthrough_ratio >= 0.9, proxy CPU <= 1.5 s/GB from remote and
     <= 1.0 s/GB passed through.
     """
-    with bench_stack(stack_dir) as endpoints:
+    with bench_stack(stack_dir) as endpoints, ExitStack() as running:
         config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
         admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
-        proxy = ProxyProcess(config, [b.id for b in endpoints.brokers])
-        try:
-            store = store_process(endpoints.s3.endpoint_url)
-            summary = {size: _measure(endpoints.bootstrap, admin, config, proxy, store, size, size_mb, codec, rounds)
-                       for size in (100, 1024)}  # fmt: skip
-        finally:
-            proxy.close()
+        node_ids = [b.id for b in endpoints.brokers]
+        proxy = ProxyProcess(config, node_ids)
+        running.callback(proxy.close)
+        reference = None
+        if reference_proxy:
+            kroxylicious = start_kroxylicious(config.parent / f"kroxylicious-{proxy.port}", endpoints.bootstrap,
+                                              node_ids)  # fmt: skip
+            running.callback(kroxylicious.stop)
+            reference = Reference(kroxylicious.bootstrap, ProcessSampler(kroxylicious.pid))
+            running.callback(reference.sampler.stop)
+        store = store_process(endpoints.s3.endpoint_url)
+        summary = {size: _measure(endpoints.bootstrap, admin, config, proxy, reference, store, size, size_mb, codec,
+                                  rounds) for size in (100, 1024)}  # fmt: skip
+        running.close()
         ratio = {s: r["remote"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
         passthrough = {s: r["passthrough"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
-        click.echo(json.dumps({
+        sides = SIDES + (("kroxylicious",) if reference else ())
+        out = {
             "ratio": round(min(ratio.values()), 3),
             "passthrough_ratio": round(min(passthrough.values()), 3),
             "ratio_by_record_size": {str(k): round(v, 3) for k, v in ratio.items()},
             "passthrough_ratio_by_record_size": {str(k): round(v, 3) for k, v in passthrough.items()},
-            **{f"{side}_mb_s": {str(k): r[side]["mb_s"] for k, r in summary.items()} for side in SIDES},
-            **{f"{side}_records_s": {str(k): r[side]["records_s"] for k, r in summary.items()} for side in SIDES},
+            **{f"{side}_mb_s": {str(k): r[side]["mb_s"] for k, r in summary.items()} for side in sides},
+            **{f"{side}_records_s": {str(k): r[side]["records_s"] for k, r in summary.items()} for side in sides},
             "proxy_cpu_s_per_gb": {str(k): r["proxy_cpu_s_per_gb"] for k, r in summary.items()},
             "passthrough_cpu_s_per_gb": {str(k): r["passthrough_cpu_s_per_gb"] for k, r in summary.items()},
             "first_remote_record_ms": {str(k): r["first_remote_record_ms"] for k, r in summary.items()},
             "store_cpu_s_per_gb": {str(k): r["store_cpu_s_per_gb"] for k, r in summary.items()},
             "proxy_peak_rss_mb": round(proxy.peak / (1 << 20), 1),
-            "size_mb": size_mb, "rounds": rounds, "codec": codec,
-        }))  # fmt: skip
+        }
+        if reference is not None:
+            theirs = {s: r["kroxylicious"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
+            ours = {s: r["passthrough"]["mb_s"] / r["kroxylicious"]["mb_s"] for s, r in summary.items()}
+            out.update({
+                "kroxylicious_passthrough_ratio": round(min(theirs.values()), 3),
+                "passthrough_vs_kroxylicious": round(min(ours.values()), 3),
+                "kroxylicious_cpu_s_per_gb": {str(k): r["kroxylicious_cpu_s_per_gb"] for k, r in summary.items()},
+                "kroxylicious_peak_rss_mb": round(reference.sampler.peak / (1 << 20), 1),
+            })  # fmt: skip
+        click.echo(json.dumps({**out, "size_mb": size_mb, "rounds": rounds, "codec": codec}))
 
 
-def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProcess, store: psutil.Process | None,
-             record_size: int, size_mb: int, codec: str, rounds: int) -> dict:  # fmt: skip
+def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProcess, reference: Reference | None,
+             store: psutil.Process | None, record_size: int, size_mb: int, codec: str,
+             rounds: int) -> dict:  # fmt: skip
     stamp = f"{os.getpid()}-{int(time.time())}-{record_size}"
     tiered, control = f"bench-proxy-tiered-{stamp}", f"bench-proxy-control-{stamp}"
     segment = segment_bytes(size_mb)
@@ -186,18 +214,23 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
         future.result(60)
     count = _produce(bootstrap, [tiered, control], size_mb, record_size, codec)
     _tier(config, tiered, count, segment)
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    cpu: dict[str, list[float]] = {"remote": [], "passthrough": []}
+    via = {"remote": (tiered, proxy.bootstrap), "broker": (control, bootstrap),
+           "passthrough": (control, proxy.bootstrap)}  # fmt: skip
+    cpu_of = {"remote": proxy.cpu_seconds, "passthrough": proxy.cpu_seconds}
+    if reference is not None:
+        via["kroxylicious"] = (control, reference.bootstrap)
+        cpu_of["kroxylicious"] = reference.sampler.cpu_seconds
+    runs: dict[str, list[dict]] = {side: [] for side in via}
+    cpu: dict[str, list[float]] = {side: [] for side in cpu_of}
     store_cpu: list[float] = []
     first_ms: list[float] = []
     for n in range(rounds):
-        for side in SIDES:
-            topic, via = {"remote": (tiered, proxy.bootstrap), "broker": (control, bootstrap),
-                          "passthrough": (control, proxy.bootstrap)}[side]  # fmt: skip
-            before, store_before = proxy.cpu_seconds(), _cpu(store)
-            r = _read(via, topic, count, config)
-            if side in cpu:
-                cpu[side].append((proxy.cpu_seconds() - before) / (r["bytes"] / 1e9))
+        for side, (topic, server) in via.items():
+            before = cpu_of[side]() if side in cpu_of else 0.0
+            store_before = _cpu(store)
+            r = _read(server, topic, count, config)
+            if side in cpu_of:
+                cpu[side].append((cpu_of[side]() - before) / (r["bytes"] / 1e9))
             if side == "remote":
                 store_cpu.append((_cpu(store) - store_before) / (r["bytes"] / 1e9))
                 first_ms.append(r["first_record_ms"])
@@ -214,6 +247,8 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
     }  # fmt: skip
     out["proxy_cpu_s_per_gb"] = round(statistics.median(cpu["remote"]), 2)
     out["passthrough_cpu_s_per_gb"] = round(statistics.median(cpu["passthrough"]), 2)
+    if reference is not None:
+        out["kroxylicious_cpu_s_per_gb"] = round(statistics.median(cpu["kroxylicious"]), 2)
     out["store_cpu_s_per_gb"] = round(statistics.median(store_cpu), 2)
     out["first_remote_record_ms"] = round(first_ms[0], 1)  # the first round: the partition is cold
     return out
