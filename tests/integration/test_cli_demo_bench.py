@@ -140,6 +140,7 @@ def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints)
     assert all(v > 0 for v in summary["first_remote_record_ms"].values())
     ours_vs_theirs = {n: summary["passthrough_mb_s"][n] / summary["kroxylicious_mb_s"][n] for n in ("100", "1024")}
     assert summary["passthrough_vs_kroxylicious"] == round(min(ours_vs_theirs.values()), 3)
+    assert summary["passthrough_vs_kroxylicious_by_record_size"] == {n: round(v, 3) for n, v in ours_vs_theirs.items()}
     assert all(v > 0 for v in summary["kroxylicious_cpu_s_per_gb"].values()) and summary["kroxylicious_peak_rss_mb"] > 0
     sides = [(r["side"], r["record_size"]) for r in lines[:-1]]
     assert sides == [(s, n) for n in (100, 1024) for s in ("remote", "broker", "passthrough", "kroxylicious")]

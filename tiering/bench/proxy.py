@@ -197,6 +197,8 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, st
             out.update({
                 "kroxylicious_passthrough_ratio": round(min(theirs.values()), 3),
                 "passthrough_vs_kroxylicious": round(min(ours.values()), 3),
+                "kroxylicious_passthrough_ratio_by_record_size": {str(k): round(v, 3) for k, v in theirs.items()},
+                "passthrough_vs_kroxylicious_by_record_size": {str(k): round(v, 3) for k, v in ours.items()},
                 "kroxylicious_cpu_s_per_gb": {str(k): r["kroxylicious_cpu_s_per_gb"] for k, r in summary.items()},
                 "kroxylicious_peak_rss_mb": round(reference.sampler.peak / (1 << 20), 1),
             })  # fmt: skip

@@ -195,7 +195,7 @@ def batch_payload(path: str, buf: bytes | memoryview, header: BatchHeader, *, ve
         except _native.DecodeError as exc:
             raise FormatError(path, pos, exc.args[2]) from exc
     if verify_crc:
-        actual = crc32c.crc32c(buf[pos + 21 : pos + LOG_OVERHEAD + header.length])
+        actual = crc32c.crc32c(memoryview(buf)[pos + 21 : pos + LOG_OVERHEAD + header.length])
         if actual != header.crc:
             raise FormatError(path, pos, f"CRC-32C mismatch: stored {header.crc}, computed {actual}")
     data = bytes(buf[pos + HEADER_SIZE : pos + LOG_OVERHEAD + header.length])
