@@ -21,13 +21,14 @@ from pathlib import Path
 
 import click
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.sidecar_config import write_sidecar_config
 from tiering.bench.upload import run_sampled
 from tiering.cli.main import main as tiering_main
 from tiering.sidecar.inprocess import tier_until
+from tiering_core.kafka_logs import admin_client
 from tiering_core.produce import produce_waiting
 
 _CHILD = "from tiering.bench.catchup import child_main; child_main()"
@@ -108,7 +109,7 @@ def catchup(size_mb: int, codec: str, stack_dir: Path | None) -> None:
     """
     with bench_stack(stack_dir) as endpoints:
         config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
-        admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+        admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
         summary: dict[int, dict] = {}
         for record_size in (100, 1024):
             stamp = f"{os.getpid()}-{int(time.time())}-{record_size}"

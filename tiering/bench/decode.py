@@ -15,19 +15,20 @@ from pathlib import Path
 
 import click
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from tiering_core.formats import iter_batches, list_segments, mapped, scan_headers
 from tiering_core.formats.native import DECODER
 from tiering_core.formats.records import python_decoder
+from tiering_core.kafka_logs import admin_client
 from tiering_core.produce import produce_waiting
 
 
 def _produce_segments(bootstrap: str, log_dir: Path, megabytes: int, compression: str) -> list[Path]:
     """Produce ``megabytes`` of realistic records; return the topic's rolled ``.log`` files."""
     topic = f"bench-decode-{os.getpid()}-{int(time.time())}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": str(16 * 1024 * 1024)})])[topic].result(60)
     producer = Producer(
         {

@@ -28,7 +28,7 @@ import fastavro
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.sidecar_config import write_sidecar_config
@@ -39,6 +39,7 @@ from tiering.cli.topic import enable
 from tiering.config import load_settings
 from tiering.sidecar.context import SidecarContext
 from tiering.sidecar.runner import Sidecar
+from tiering_core.kafka_logs import admin_client
 from tiering_core.produce import produce_waiting
 from tiering_core.schema_registry import schemas_from_topic
 
@@ -55,7 +56,7 @@ SCHEMA_ID = 1
 
 def _produce(endpoints: Endpoints, topic: str, megabytes: int, codec: str, segment_mb: int, avro: bool) -> int:
     """The records (JSON values, or Avro ones in the registry's wire format with the same fields); the count."""
-    admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+    admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
     config = {"segment.bytes": str(segment_mb << 20)}
     admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)])[topic].result(60)
     producer = Producer({"bootstrap.servers": endpoints.bootstrap, "linger.ms": 20, "batch.size": 256 << 10,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 import httpx
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.sidecar_config import write_sidecar_config
@@ -31,6 +31,7 @@ from tiering.bench.catchup import _CHILD, _produce, _tier, segment_bytes
 from tiering.bench.sampling import ProcessSampler
 from tiering.bench.upload import run_sampled
 from tiering_core.formats import iter_batches
+from tiering_core.kafka_logs import admin_client
 
 _TOKEN = "bench-token"
 
@@ -129,7 +130,7 @@ def http_bench(size_mb: int, record_size: int, codec: str, max_bytes: int, stack
         stamp = f"{os.getpid()}-{int(time.time())}"
         tiered, control = f"bench-http-tiered-{stamp}", f"bench-http-control-{stamp}"
         segment = segment_bytes(size_mb)
-        admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+        admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
         for future in admin.create_topics([NewTopic(t, 1, 1, config={"segment.bytes": str(segment)})
                                            for t in (tiered, control)]).values():  # fmt: skip
             future.result(60)

@@ -22,13 +22,13 @@ import uuid
 from pathlib import Path
 
 import click
-from confluent_kafka.admin import AdminClient
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from metadata import MetadataManager, MetadataWal, SegmentRecord
 from metadata.records import EPOCH_ENTRY, unparse
 from metadata.snapshot import load_snapshot
 from segment_fsm import SegmentState
+from tiering_core.kafka_logs import admin_client
 from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
@@ -78,7 +78,7 @@ def _timed_recovery(bootstrap: str, topic: str, snapshot_dir: Path) -> tuple[flo
 
 
 def _delete_topic(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client({"bootstrap.servers": bootstrap})
     try:
         admin.delete_topics([topic])[topic].result(60)
     except Exception as exc:  # never hide the benchmark's own error behind a cleanup failure

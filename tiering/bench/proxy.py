@@ -37,6 +37,7 @@ from deploy.sidecar_config import write_sidecar_config
 from tiering.bench.catchup import _CHILD, _produce, _tier, segment_bytes
 from tiering.bench.sampling import ProcessSampler
 from tiering.bench.upload import run_sampled
+from tiering_core.kafka_logs import admin_client
 
 SIDES = ("remote", "broker", "passthrough")
 
@@ -160,7 +161,7 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, st
     """
     with bench_stack(stack_dir) as endpoints, ExitStack() as running:
         config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
-        admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+        admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
         node_ids = [b.id for b in endpoints.brokers]
         proxy = ProxyProcess(config, node_ids)
         running.callback(proxy.close)

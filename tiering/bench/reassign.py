@@ -33,6 +33,7 @@ from tiering.cli.main import main as tiering_main
 from tiering.sidecar.inprocess import tier_until
 from tiering_core.errors import TieringError
 from tiering_core.formats import list_segments
+from tiering_core.kafka_logs import admin_client
 from tiering_core.produce import produce_waiting
 
 REASSIGN_TOOL = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
@@ -86,7 +87,7 @@ class Reassignment:
 
 def reassign(bootstrap: str, targets: dict[tuple[str, int], list[int]], timeout: float = 600) -> Reassignment:
     """Move the partitions to their target replicas and wait until they are done there."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client({"bootstrap.servers": bootstrap})
     before = replica_sets(admin, targets)
     began = time.monotonic()
     moving: float | None = None
@@ -112,7 +113,7 @@ def segment_bytes_in(partition_dir: Path) -> int:
 
 
 def _create(bootstrap: str, topics: Iterable[str], broker: int, segment: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client({"bootstrap.servers": bootstrap})
     config = {"internal.segment.bytes": str(segment)}
     new = [NewTopic(t, 1, replica_assignment=[[broker]], config=config) for t in topics]
     for future in admin.create_topics(new).values():

@@ -46,6 +46,7 @@ from deploy.sidecar_config import write_sidecar_config
 from metadata.wal import MetadataWal, WalError
 from tiering.cli.main import main as tiering_main
 from tiering.config import load_settings
+from tiering_core.kafka_logs import admin_client
 from tiering_core.produce import produce_waiting
 from tiering_core.stores.factory import open_store
 
@@ -223,7 +224,7 @@ def scale(partitions: int, segments: int, idle_ticks: int, rescan_seconds: float
         config = Path(endpoints.stack_dir) / f"sidecar-scale-{stamp}.yaml"
         config.write_text(yaml.safe_dump(base, sort_keys=False))
         topic = f"bench-scale-{stamp}"
-        admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+        admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
         admin.create_topics([NewTopic(topic, partitions, 1, config={"segment.ms": str(SEGMENT_MS)})])[topic].result(120)
         producer = Producer({"bootstrap.servers": endpoints.bootstrap, "linger.ms": 20})
         value = os.urandom(512).hex().encode()  # 1 KiB

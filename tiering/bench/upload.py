@@ -20,10 +20,11 @@ from pathlib import Path
 import click
 import psutil
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from tiering_core.formats import list_segments
+from tiering_core.kafka_logs import admin_client
 from tiering_core.produce import produce_waiting
 
 _CHILD = "from tiering.bench.upload import child_main; child_main()"
@@ -92,7 +93,7 @@ def run_sampled(args: list[str]) -> tuple[str, str, int, float]:
 
 def _produce(bootstrap: str, log_dir: Path, megabytes: int) -> list[Path]:
     topic = f"bench-upload-{os.getpid()}-{int(time.time())}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client({"bootstrap.servers": bootstrap})
     # 128 MiB segments, smaller for a small run so that it still rolls a few
     config = {"segment.bytes": str(min(128, megabytes // 4) * 1024 * 1024)}
     admin.create_topics([NewTopic(topic, 1, 1, config=config)])[topic].result(60)
