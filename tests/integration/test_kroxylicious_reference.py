@@ -37,6 +37,8 @@ def test_kroxylicious_serves_every_partition_of_three_brokers_byte_for_byte_on_l
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "reference",
                              "enable.auto.commit": False})  # fmt: skip
         metadata = consumer.list_topics(topic, timeout=30)
+        leaders = {p.leader for p in metadata.topics[topic].partitions.values()}
+        assert leaders == {b.id for b in stack3.brokers}, leaders  # every node's port is read from
         assert {(b.host, b.port) for b in metadata.brokers.values()} <= {(a.ip.removeprefix("::ffff:"), a.port)
                                                                         for a in listening}  # fmt: skip
         consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
