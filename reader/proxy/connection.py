@@ -32,11 +32,12 @@ from typing import Any
 
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
-from reader.proxy.frames import FrameProtocol, sized
+from reader.proxy.frames import FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
 from reader.proxy.protocol import can_parse, peek_request
 from reader.proxy.services import ProxyServices
 from reader.proxy.slots import Request, Slot
+from reader.proxy.splice import Relay
 from tiering_core.errors import TieringError
 from tiering_core.logs import get_logger
 
@@ -99,6 +100,9 @@ class ClientConnection:
         self.throttled_until = 0.0  # monotonic time until which a client over its quota is not read (KIP-219)
         self.fetch_allowed: set[Any] = set()  # topic keys whose remote reads may start before the broker answers
         self.remote_held = 0  # answer budget bytes taken for this connection's remote answers not yet out
+        sock = writer.get_extra_info("socket")
+        plain = sock is not None and writer.get_extra_info("sslcontext") is None
+        self.client_fd = sock.fileno() if plain else None  # answers may be spliced to it (splice.py)
 
     async def serve(self) -> None:
         tasks = [asyncio.create_task(self._read_requests()), asyncio.create_task(self._write_answers())]
@@ -182,7 +186,11 @@ class ClientConnection:
             answer = None
             if slot.upstream:
                 assert self.upstream is not None
-                answer = await self.upstream.next_frame()
+                answer = await self.upstream.next_frame(self._unread_up_to(slot))
+                if isinstance(answer, Unread):
+                    answer = await self._splice(slot, answer)
+                    if answer is None:  # moved to the client as the broker sent it
+                        continue
                 if answer is None:
                     raise ConnectionClosed("broker closed", f"broker of node {self.node_id} closed the connection")
                 (correlation_id,) = _SIZE.unpack_from(answer, 0)
@@ -208,6 +216,61 @@ class ClientConnection:
                 self.server.answers.release(slot.held)
                 self.remote_held -= slot.held
             self.server.metrics.answered(slot.api_key, slot.source, size, time.perf_counter() - slot.started)
+
+    # -- zero-copy pass-through (splice.py) ------------------------------------------------------
+    def _unread_up_to(self, slot: Slot) -> int:
+        """How large an answer of ``slot`` may be to be moved without entering the process: a pass-through
+        Fetch answer, both sockets plain TCP, the connection authenticated (the SASL exchange reads answers);
+        0: it is received into a buffer."""
+        pipes = self.server.pipes
+        if pipes is None or slot.passes is None or not self.auth.done or self.client_fd is None:
+            return 0
+        return pipes.answer_bytes
+
+    async def _splice(self, slot: Slot, unread: Unread) -> memoryview | None:
+        """The answer left in the broker's socket: received into the pipes and scanned; sent on from them if it
+        needs no change (None), else read out of them into a buffer and returned (after its size prefix)."""
+        upstream, pipes = self.upstream, self.server.pipes
+        assert upstream is not None and pipes is not None and slot.passes is not None and self.client_fd is not None
+        broker_fd = upstream.socket_fd()
+        if broker_fd is None:
+            raise ConnectionClosed("protocol", "the broker connection is not plain TCP")
+        relay = Relay(pipes, broker_fd, self.client_fd)
+        try:
+            got = await relay.receive(unread.head, unread.size, slot.version)
+            upstream.unread_done()
+            if isinstance(got, bytearray):
+                self.server.metrics.zero_copy.labels("buffered").inc()
+                return memoryview(got)[4:]
+            if got.scan.correlation_id != slot.correlation_id:
+                raise ConnectionClosed("protocol", f"the broker answered correlation id {got.scan.correlation_id}, "
+                                       f"expected {slot.correlation_id}")  # fmt: skip
+            if not await slot.passes(got.scan):
+                self.server.metrics.zero_copy.labels("changed").inc()
+                return memoryview(relay.take(got))[4:]
+            await self._flushed()
+            timeout = self.settings.idle_timeout_seconds
+            try:
+                await relay.send(got, timeout)
+            except TimeoutError:
+                raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s") from None
+        finally:
+            relay.close()
+        upstream.done(unread.size)
+        self.server.metrics.zero_copy.labels("spliced").inc()
+        self.server.metrics.answered(slot.api_key, slot.source, 4 + unread.size, time.perf_counter() - slot.started)
+        return None
+
+    async def _flushed(self) -> None:
+        """Wait until the client's transport holds nothing (a spliced answer goes after every byte before it)."""
+        transport = self.client_writer.transport
+        if transport.get_write_buffer_size():
+            low, high = transport.get_write_buffer_limits()
+            transport.set_write_buffer_limits(high=0, low=0)
+            try:
+                await self._drain()
+            finally:
+                transport.set_write_buffer_limits(high=high, low=low)
 
     async def _drain(self) -> None:
         """Wait until the client took the answer (all but asyncio's high-water mark of it). A client that takes

@@ -9,17 +9,27 @@ the answer by the lengths it carries (Kafka's FetchResponse.json, v4-18) and rea
 proxy looks at; record bytes and tagged fields it does not know are skipped by their sizes, so a newer
 broker's tagged field never makes a pass-through answer fail. Anything it cannot read raises
 ProtocolError and the caller parses the answer in full (which names what is wrong).
+
+The walk (``fetch_walk``) is written once and driven two ways: over an answer received whole
+(``scan_fetch``), and over an answer still in the broker's socket whose record bytes are never read into
+the process (``splice.py``): it asks for header fields (``Step``: a reader of a buffer at a position) and
+says how many record bytes follow (an ``int``), so the driver decides where the bytes go.
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
-from typing import NamedTuple
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple
 
 from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length, uvarint
 
+Buffer = bytes | bytearray | memoryview
+Step = Callable[[Buffer, int], tuple[Any, int]]  # reads a field at a position: (its value, where it ends)
+Walk = Generator[Step | int, Any, "ScannedFetch"]  # yields a Step (sent its value) or record bytes to skip
 _I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset
 _I64 = struct.Struct(">q")
 
@@ -38,6 +48,7 @@ class ScannedFetch(NamedTuple):
     error_code: int  # the answer's top-level error (v7+; 0 before)
     partitions: list[ScannedPartition]
     tagged: bool  # top-level tagged fields are present (v16+'s node endpoints: addresses to rewrite)
+    correlation_id: int = -1  # read only when the walk starts at the response header
 
     @property
     def plain(self) -> bool:
@@ -45,59 +56,145 @@ class ScannedFetch(NamedTuple):
         return not self.error_code and not self.tagged and not any(p.error_code for p in self.partitions)
 
 
-def scan_fetch(frame: bytes | bytearray | memoryview, version: int, start: int) -> ScannedFetch:
-    """The answer's partition headers, from ``start`` (its body). Raises ProtocolError."""
+def scan_fetch(frame: Buffer, version: int, start: int) -> ScannedFetch:
+    """The answer's partition headers, from ``start`` (its body), in a frame received whole. Raises
+    ProtocolError."""
+    walk = fetch_walk(version, header=False)
+    pos = start
     try:
-        return _scan(frame, version, start)
+        step = next(walk)
+        while True:
+            if isinstance(step, int):
+                pos += step
+                step = walk.send(None)
+            else:
+                value, pos = step(frame, pos)
+                step = walk.send(value)
+    except StopIteration as stop:
+        scanned: ScannedFetch = stop.value
     except (struct.error, IndexError, ValueError) as exc:
         raise ProtocolError(f"a Fetch v{version} answer ends or breaks inside its partitions: {exc}") from None
+    if pos != len(frame):
+        raise ProtocolError(f"a Fetch v{version} answer has {len(frame) - pos} bytes after its fields")
+    return scanned
 
 
-def _scan(buf: bytes | bytearray | memoryview, version: int, pos: int) -> ScannedFetch:
+def fetch_walk(version: int, header: bool) -> Walk:
+    """The fields of a Fetch answer of ``version`` in order, from its response header (``header``, after the
+    size prefix) or from its body."""
     flexible = version >= 12
-    pos += 4  # throttle_time_ms
-    error_code = 0
-    if version >= 7:
-        (error_code,) = _I16.unpack_from(buf, pos)
-        pos += 6  # error_code, session_id
-    topics, pos = array_length(buf, pos, flexible)
+    correlation_id = -1
+    if header:
+        correlation_id = yield _response_header if flexible else _int32
+    error_code = yield _top_v7 if version >= 7 else _top
+    topics = yield _compact_array if flexible else _array
     partitions: list[ScannedPartition] = []
     for _ in range(topics):
-        topic: str | uuid.UUID
-        if version >= 13:
-            topic = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
-            pos += 16
-        else:
-            size, pos = string_length(buf, pos, flexible)
-            topic = bytes(buf[pos : pos + size]).decode()
-            pos += size
-        count, pos = array_length(buf, pos, flexible)
+        topic, count = yield _topic_id if version >= 13 else (_compact_topic_name if flexible else _topic_name)
         for _ in range(count):
-            index, error, high, stable = _PARTITION_HEAD.unpack_from(buf, pos)
-            pos += _PARTITION_HEAD.size
-            log_start = -1
-            if version >= 5:
-                (log_start,) = _I64.unpack_from(buf, pos)
-                pos += 8
-            aborted, pos = array_length(buf, pos, flexible)
-            for _ in range(aborted):  # producer_id, first_offset (and tagged fields)
-                pos += 16
-                if flexible:
-                    pos = skip_tagged_fields(buf, pos)
-            if version >= 11:
-                pos += 4  # preferred_read_replica
-            size, pos = array_length(buf, pos, flexible)  # records: a (nullable) byte string, sized the same way
-            pos += size
+            head = yield _partition_step(version)
+            partitions.append(ScannedPartition(topic, *head))
+            yield head[-1]  # the records
             if flexible:
-                pos = skip_tagged_fields(buf, pos)
-            partitions.append(ScannedPartition(topic, index, error, high, stable, log_start, size))
+                yield _tagged
         if flexible:
-            pos = skip_tagged_fields(buf, pos)
+            yield _tagged
     tagged = False
     if flexible:
-        count, _ = uvarint(buf, pos)
-        tagged = count > 0
-        pos = skip_tagged_fields(buf, pos)
-    if pos != len(buf):
-        raise ProtocolError(f"a Fetch v{version} answer has {len(buf) - pos} bytes after its fields")
-    return ScannedFetch(error_code, partitions, tagged)
+        tagged = yield _top_tagged
+    return ScannedFetch(error_code, partitions, tagged, correlation_id)
+
+
+# -- steps: each reads one run of fields at ``pos`` and says where it ends -----------------------------
+def _int32(buf: Buffer, pos: int) -> tuple[int, int]:
+    return _I32.unpack_from(buf, pos)[0], pos + 4
+
+
+def _response_header(buf: Buffer, pos: int) -> tuple[int, int]:
+    """Response header v1: the correlation id and tagged fields."""
+    (correlation_id,) = _I32.unpack_from(buf, pos)
+    return correlation_id, _tagged(buf, pos + 4)[1]
+
+
+def _top(buf: Buffer, pos: int) -> tuple[int, int]:
+    _I32.unpack_from(buf, pos)  # throttle_time_ms (present)
+    return 0, pos + 4
+
+
+def _top_v7(buf: Buffer, pos: int) -> tuple[int, int]:
+    """throttle_time_ms, error_code, session_id."""
+    (error_code,) = _I16.unpack_from(buf, pos + 4)
+    _I32.unpack_from(buf, pos + 6)
+    return error_code, pos + 10
+
+
+def _array(buf: Buffer, pos: int) -> tuple[int, int]:
+    return array_length(buf, pos, False)
+
+
+def _compact_array(buf: Buffer, pos: int) -> tuple[int, int]:
+    return array_length(buf, pos, True)
+
+
+def _topic_id(buf: Buffer, pos: int) -> tuple[tuple[uuid.UUID, int], int]:
+    if pos + 16 > len(buf):
+        raise IndexError("a topic id ends after the answer")
+    topic = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
+    count, pos = array_length(buf, pos + 16, True)
+    return (topic, count), pos
+
+
+def _named(buf: Buffer, pos: int, flexible: bool) -> tuple[tuple[str, int], int]:
+    size, pos = string_length(buf, pos, flexible)
+    if pos + size > len(buf):
+        raise IndexError("a topic name ends after the answer")
+    topic = bytes(buf[pos : pos + size]).decode()
+    count, pos = array_length(buf, pos + size, flexible)
+    return (topic, count), pos
+
+
+def _topic_name(buf: Buffer, pos: int) -> tuple[tuple[str, int], int]:
+    return _named(buf, pos, False)
+
+
+def _compact_topic_name(buf: Buffer, pos: int) -> tuple[tuple[str, int], int]:
+    return _named(buf, pos, True)
+
+
+def _partition_step(version: int) -> Step:
+    flexible = version >= 12
+
+    def partition(buf: Buffer, pos: int) -> tuple[tuple[int, int, int, int, int, int], int]:
+        """A partition's header up to its records: (index, error, high watermark, last stable, log start,
+        records' size)."""
+        index, error, high, stable = _PARTITION_HEAD.unpack_from(buf, pos)
+        pos += _PARTITION_HEAD.size
+        log_start = -1
+        if version >= 5:
+            (log_start,) = _I64.unpack_from(buf, pos)
+            pos += 8
+        aborted, pos = array_length(buf, pos, flexible)
+        for _ in range(aborted):  # producer_id, first_offset (and tagged fields)
+            pos += 16
+            if flexible:
+                _, pos = _tagged(buf, pos)
+        if version >= 11:
+            pos += 4  # preferred_read_replica
+        size, pos = array_length(buf, pos, flexible)  # records: a (nullable) byte string, sized the same way
+        if pos > len(buf):
+            raise IndexError("a partition header ends after the answer")
+        return (index, error, high, stable, log_start, size), pos
+
+    return partition
+
+
+def _tagged(buf: Buffer, pos: int) -> tuple[None, int]:
+    pos = skip_tagged_fields(buf, pos)
+    if pos > len(buf):
+        raise IndexError("tagged fields end after the answer")
+    return None, pos
+
+
+def _top_tagged(buf: Buffer, pos: int) -> tuple[bool, int]:
+    count, _ = uvarint(buf, pos)
+    return count > 0, _tagged(buf, pos)[1]

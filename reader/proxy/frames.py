@@ -15,6 +15,11 @@ connection holds at most two answers. Each frame's bytes are taken from the prox
 unless the connection holds no other answer: its client took everything before, and must not wait behind
 clients that do not read (the proxy asks the broker for at most the room free, ``ClientConnection._fetch``).
 The writing task gives them back with ``done`` once the answer is out.
+
+A frame the writing task asked to read itself (``next_frame(unread_up_to)``, a pass-through Fetch answer that
+``splice.py`` moves without reading it into the process) is left in the socket: when its size arrives and
+it is the answer that task waits for, reading pauses and ``next_frame`` gives its size (``Unread``); the
+task reads it from the socket and calls ``unread_done``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import struct
+from typing import NamedTuple
 
 from reader.proxy.budget import ByteBudget
 
@@ -36,6 +42,13 @@ def sized(frame: memoryview) -> memoryview:
     return whole
 
 
+class Unread(NamedTuple):
+    """A frame still in the socket after its size prefix (``head``): ``size`` bytes for the writing task."""
+
+    head: bytes
+    size: int
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """Frames from one connection, in order; ``next_frame()`` returns None at the end of the stream."""
 
@@ -45,13 +58,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.held = 0  # bytes taken from the budget for frames not yet done
         self.waiting: asyncio.Task[None] | None = None  # room for the frame whose size arrived
         self.transport: asyncio.Transport | None = None
-        self.frames: collections.deque[bytearray | BaseException | None] = collections.deque()  # size included
+        self.frames: collections.deque[bytearray | Unread | BaseException | None] = collections.deque()  # size included
         self.waiter: asyncio.Future[None] | None = None
         self.head = bytearray(4)
         self.frame: bytearray | None = None  # the frame being received, its size prefix first
         self.filled = 0
         self.drained: asyncio.Future[None] | None = None
         self.paused = False
+        self.unread_up_to = 0  # the waiting task reads its answer itself if it is at most this large
+        self.unread = False  # a frame waits in the socket for the writing task (``Unread``)
 
     # -- receiving --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -74,18 +89,31 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 assert self.transport is not None
                 self.transport.close()
                 return
-            if self.held == 0:  # the client took everything before: never behind clients that do not read
-                self.budget.force(size)
-            elif not self.budget.take_now(size):
+            if not self._take(size):
                 assert self.transport is not None
                 self.transport.pause_reading()
                 self.waiting = asyncio.get_running_loop().create_task(self._room(size))
+                return
+            if self.unread_up_to >= size and not self.frames:  # the waiting writing task reads it itself
+                self.held += size
+                self.filled = 0
+                self.unread = True
+                self._push(Unread(bytes(self.head), size))
+                self._flow()
                 return
             self._start(size)
         if self.filled == len(self.frame):
             frame, self.frame, self.filled = self.frame, None, 0
             self._push(frame)
             self._flow()
+
+    def _take(self, size: int) -> bool:
+        """Take ``size`` bytes from the budget now if there is room, or at once if nothing else is held (the
+        client took everything before: never behind clients that do not read)."""
+        if self.held == 0:
+            self.budget.force(size)
+            return True
+        return self.budget.take_now(size)
 
     def _start(self, size: int) -> None:
         """Receive a frame of ``size`` bytes, taken from the budget, after its size prefix (kept: an answer
@@ -107,7 +135,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self.waiting is not None or any(isinstance(f, bytearray) for f in self.frames):
+        if self.unread or self.waiting is not None or any(isinstance(f, (bytearray, Unread)) for f in self.frames):
             transport.pause_reading()
         else:
             transport.resume_reading()
@@ -136,18 +164,39 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def next_frame(self) -> memoryview | None:
-        """The next frame's bytes after its size prefix (``sized`` gives the whole)."""
-        while not self.frames:
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
+    async def next_frame(self, unread_up_to: int = 0) -> memoryview | Unread | None:
+        """The next frame's bytes after its size prefix (``sized`` gives the whole); ``Unread`` for a frame of
+        at most ``unread_up_to`` bytes whose size arrived while this call waited (the caller reads it from
+        the socket, then calls ``unread_done``)."""
+        self.unread_up_to = unread_up_to
+        try:
+            while not self.frames:
+                self.waiter = asyncio.get_running_loop().create_future()
+                await self.waiter
+        finally:
+            self.unread_up_to = 0
         item = self.frames.popleft()
         if item is None:
             self.frames.appendleft(None)  # the end stays the end
         self._flow()
         if isinstance(item, BaseException):
             raise item
+        if isinstance(item, Unread):
+            return item
         return None if item is None else memoryview(item)[4:]
+
+    def unread_done(self) -> None:
+        """The writing task read the ``Unread`` frame: reading goes on."""
+        self.unread = False
+        self._flow()
+
+    def socket_fd(self) -> int | None:
+        """The socket's descriptor where it is plain TCP (None over TLS)."""
+        transport = self.transport
+        if transport is None or transport.get_extra_info("sslcontext") is not None:
+            return None
+        sock = transport.get_extra_info("socket")
+        return None if sock is None else sock.fileno()
 
     # -- sending ----------------------------------------------------------------------------------
     def pause_writing(self) -> None:

@@ -47,6 +47,12 @@ class ProxyMetrics:
             "tiering_proxy_throttle_seconds", "Throttle time given to clients over their fetch quota for the bytes "
             "answered from remote storage (throttle_time_ms in Fetch answers).", registry=r,
         )  # fmt: skip
+        self.zero_copy = Counter(
+            "tiering_proxy_zero_copy_answers", "Pass-through Fetch answers left in the broker's socket for splice: "
+            "moved to the client without entering the proxy (spliced), read into it after all because they needed "
+            "a change (changed), or because the pipes ran out or the scan failed (buffered).", ("outcome",),
+            registry=r,
+        )  # fmt: skip
         self.connections = Gauge("tiering_proxy_connections", "Client connections open now.", registry=r)
         self.refused = Counter(
             "tiering_proxy_connections_refused", "Client connections closed at once (max_connections reached).",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -31,6 +32,7 @@ from reader.proxy.frames import FrameProtocol
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
+from reader.proxy.splice import PipePool, pipe_max_size
 from reader.proxy.tiered import TieredView
 from reader.proxy.turns import FetchTurns
 from reader.remote import RemoteReader
@@ -81,6 +83,8 @@ class ProxyServer:
         self.requests = ByteBudget(p.request_buffer_bytes)
         self.fetch_turns = FetchTurns()
         self.upstream_ssl = settings.upstream_ssl()
+        zero_copy = p.zero_copy and hasattr(os, "splice") and self.upstream_ssl is None
+        self.pipes = PipePool(p.zero_copy_pipes, pipe_max_size()) if zero_copy else None
         self.client_ssl = p.tls.context() if p.tls is not None else None
         self.servers: dict[int | None, asyncio.base_events.Server] = {}
         self.connections = 0
@@ -178,6 +182,8 @@ class ProxyServer:
         self.offsets_pool.shutdown(wait=False, cancel_futures=True)
         self.view.close()
         self.reader.close()
+        if self.pipes is not None:
+            self.pipes.close()
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (``tiering proxy serve``)."""

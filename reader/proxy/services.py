@@ -14,6 +14,7 @@ from reader.proxy.frames import FrameProtocol
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
+from reader.proxy.splice import PipePool
 from reader.proxy.tiered import TieredView
 from reader.proxy.turns import FetchTurns
 
@@ -29,6 +30,7 @@ class ProxyServices(Protocol):
     remote_pool: Executor  # remote reads and the merges that wait on them
     offsets_pool: Executor  # ListOffsets / OffsetForLeaderEpoch completions, apart from the remote reads
     fetch_turns: FetchTurns  # a Fetch's Python work on the event loop (plan, merge, encode) one per iteration
+    pipes: PipePool | None  # kernel pipes for pass-through answers (splice.py); None: every answer is buffered
 
     async def open_upstream(self, node: int | None) -> FrameProtocol:
         """A connection to ``node``'s broker (any bootstrap broker for None)."""

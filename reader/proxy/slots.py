@@ -9,10 +9,12 @@ from typing import Any, Protocol
 
 from reader.proxy.authentication import Authentication
 from reader.proxy.config import ProxyListen
+from reader.proxy.fetch_scan import ScannedFetch
 from reader.proxy.services import ProxyServices
 
 Answer = bytes | memoryview | list[bytes | memoryview]  # one buffer, or pieces to write in order
 Finish = Callable[[memoryview | None], Awaitable[Answer | None]]
+Passes = Callable[[ScannedFetch], Awaitable[bool]]
 
 
 @dataclass(slots=True)
@@ -27,6 +29,8 @@ class Slot:
     finish: Finish | None  # completes the answer; None: the broker's bytes go out unchanged
     source: str = "broker"
     held: int = 0  # answer budget bytes taken for a remote answer, given back once it is out
+    passes: Passes | None = None  # a Fetch answer the broker may answer alone: goes out as it is if its scan
+    # says so (else ``finish`` completes it), and may be moved without entering the process (splice.py)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,78 @@
+"""Pass-through Fetch answers moved from the broker's socket to the client's through kernel pipes
+(``reader/proxy/splice.py``), on the real stack at production shape: a topic of 24 partitions of binary records
+read at once by four confluent-kafka consumers and by kcat, every record byte for byte, no offset missing; with
+the default pipes, with one pipe for the whole proxy (answers that find too few are buffered) and with zero copy
+turned off."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Message, Producer
+
+from deploy.stack import Endpoints
+from tests.conftest import create_topic
+from tests.proxy_harness import check_exact, kcat_consume, proxy_bootstrap, proxy_for, read_all
+from tests.sidecar_harness import write_config
+
+pytestmark = pytest.mark.integration
+PARTITIONS = 24
+
+
+@pytest.fixture(scope="module")
+def local_topic(stack: Endpoints) -> Iterator[tuple[str, dict[int, dict[int, tuple]]]]:
+    """A topic of 24 partitions, about 1,200 records of 0-3 KiB of random bytes each (every byte value, lz4),
+    nothing tiered; the records by partition and offset."""
+    topic = create_topic(stack.bootstrap, partitions=PARTITIONS)
+    produced: dict[int, dict[int, tuple]] = {p: {} for p in range(PARTITIONS)}
+    rng = random.Random(7)
+
+    def report(record: tuple) -> object:
+        def done(err: KafkaError | None, msg: Message) -> None:
+            assert err is None, f"delivery failed: {err}"
+            produced[msg.partition()][msg.offset()] = record
+
+        return done
+
+    producer = Producer({"bootstrap.servers": stack.bootstrap, "compression.type": "lz4", "linger.ms": 20})
+    for n in range(PARTITIONS * 1_200):
+        record = (f"k{n}".encode(), rng.randbytes(rng.randrange(0, 3072)), [])
+        while True:
+            try:
+                producer.produce(topic, key=record[0], value=record[1], partition=n % PARTITIONS,
+                                 on_delivery=report(record))  # fmt: skip
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0
+    yield topic, produced
+
+
+@pytest.mark.parametrize("listen", [{}, {"zero_copy_pipes": 1}, {"zero_copy": False}], ids=["pipes", "one-pipe", "off"])
+def test_many_consumers_read_every_partition_byte_for_byte_through_the_pipes(
+    stack: Endpoints, tmp_path: Path, local_topic: tuple[str, dict[int, dict[int, tuple]]], listen: dict
+) -> None:
+    topic, produced = local_topic
+    ends = {p: max(records) + 1 for p, records in produced.items()}
+    config = write_config(stack, tmp_path, broker=1)
+    with proxy_for(config, stack.bootstrap, **listen) as proxy:
+        bootstrap = proxy_bootstrap(proxy)
+        with ThreadPoolExecutor(5) as pool:
+            readers = [pool.submit(read_all, bootstrap, topic, ends) for _ in range(4)]
+            partition = 5
+            by_kcat = pool.submit(kcat_consume, bootstrap, topic, partition, ends[partition])
+            for reader in readers:
+                got = reader.result()
+                for p, messages in got.items():
+                    check_exact([(m.offset(), (m.key(), m.value(), list(m.headers() or []))) for m in messages],
+                                produced[p])  # fmt: skip
+            check_exact([(offset, (key, value, [])) for offset, key, value in by_kcat.result()], produced[partition])
+        outcomes = {o: proxy.metrics.zero_copy.labels(o)._value.get() for o in ("spliced", "changed", "buffered")}
+    if listen.get("zero_copy", True):
+        assert outcomes["spliced"] > 0, outcomes
+    else:
+        assert outcomes == {"spliced": 0, "changed": 0, "buffered": 0}
