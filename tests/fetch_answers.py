@@ -17,7 +17,8 @@ TOPIC_IDS = (uuid.UUID(int=7), uuid.UUID(int=11))
 
 
 def fetch_answer(version: int, *, error: ErrorCode = ErrorCode.none, endpoints: bool = False, diverging: bool = False,
-                   record_copies: int = 3) -> tuple[memoryview, list[ScannedPartition]]:  # fmt: skip
+                 record_copies: int = 3, top_error: ErrorCode = ErrorCode.none,
+                 ) -> tuple[memoryview, list[ScannedPartition]]:  # fmt: skip
     """A Fetch answer frame (without its size) of two topics, the first with two partitions (one with aborted
     transactions and records, one with null records), and the partition headers it must scan to."""
     response = response_type(1, version)
@@ -43,10 +44,13 @@ def fetch_answer(version: int, *, error: ErrorCode = ErrorCode.none, endpoints: 
             expected.append(ScannedPartition(key, index, int(code), 1000 + index, 900 + index,
                                              100 + index if version >= 5 else -1, len(records or b"")))  # fmt: skip
         topics.append(build(topic_type, topic=name, topic_id=topic_id, partitions=tuple(parts)))
-    values = dict(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(0),
+    values = dict(throttle_time=datetime.timedelta(0), error_code=top_error, session_id=i32(0),
                   responses=tuple(topics))  # fmt: skip
     if endpoints and version >= 16:
         endpoint_type = nested(response, "node_endpoints")
-        values["node_endpoints"] = (build(endpoint_type, node_id=i32(1), host="broker", port=i32(9092), rack=None),)
+        values["node_endpoints"] = (
+            build(endpoint_type, node_id=i32(1), host="broker-one", port=i32(9092), rack=None),
+            build(endpoint_type, node_id=i32(2), host="broker-two", port=i32(9092), rack="r2"),
+        )
     frame = response_frame(42, 1, version, build(response, **values))[4:]
     return frame, expected

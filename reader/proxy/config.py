@@ -162,15 +162,15 @@ class ProxyListen(BaseModel):
     )
     zero_copy: bool = Field(
         default=True,
-        description="Pass-through Fetch answers (no partition served from remote, nothing to rewrite) go from "
-        "the broker's socket to the client's with splice(2) through kernel pipes, never copied through the "
-        "proxy (Linux; plain TCP on both sides: TLS keeps the buffered path).",
+        description="Pass-through Fetch answers (no partition served from remote) go from the broker's socket to "
+        "the client's as they arrive, with splice(2) through a kernel pipe, never copied through the proxy "
+        "(Linux; plain TCP on both sides: TLS keeps the buffered path).",
     )  # fmt: skip
     zero_copy_pipes: int = Field(
         default=128, ge=1,
-        description="Kernel pipes lent to pass-through answers at once (two descriptors each; each holds up to "
-        "fs.pipe-max-size bytes of an answer, 1 MiB by default, counted in answer_buffer_bytes like any answer "
-        "received); an answer that finds too few is buffered.",
+        description="Kernel pipes lent to pass-through answers in flight, one each (two descriptors per pipe; "
+        "its pages are the answer's, counted in answer_buffer_bytes like any answer received); an answer that "
+        "finds none is buffered.",
     )  # fmt: skip
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics on this port (host as above); none if unset."

@@ -43,6 +43,7 @@ from tiering_core.logs import get_logger
 
 log = get_logger(__name__)
 _SIZE = struct.Struct(">i")
+UNREAD_UP_TO = (1 << 31) - 1  # a pass-through answer of any size goes through a pipe (one, a chunk at a time)
 
 
 class ConnectionClosed(Exception):
@@ -219,45 +220,36 @@ class ClientConnection:
 
     # -- zero-copy pass-through (splice.py) ------------------------------------------------------
     def _unread_up_to(self, slot: Slot) -> int:
-        """How large an answer of ``slot`` may be to be moved without entering the process: a pass-through
-        Fetch answer, both sockets plain TCP, the connection authenticated (the SASL exchange reads answers);
-        0: it is received into a buffer."""
-        pipes = self.server.pipes
-        if pipes is None or slot.passes is None or not self.auth.done or self.client_fd is None:
+        """How large an answer of ``slot`` may be to go through a pipe rather than a buffer (splice.py): any
+        pass-through Fetch answer on plain sockets once the connection authenticated (the SASL exchange reads
+        its answers); 0: it is received into a buffer."""
+        if self.server.pipes is None or slot.gate is None or not self.auth.done or self.client_fd is None:
             return 0
-        return pipes.answer_bytes
+        return UNREAD_UP_TO
 
     async def _splice(self, slot: Slot, unread: Unread) -> memoryview | None:
-        """The answer left in the broker's socket: received into the pipes and scanned; sent on from them if it
-        needs no change (None), else read out of them into a buffer and returned (after its size prefix)."""
+        """The answer left in the broker's socket: sent on through a pipe as it arrives (None), or, where
+        nothing went out and it must be read whole, returned in a buffer (after its size prefix)."""
         upstream, pipes = self.upstream, self.server.pipes
-        assert upstream is not None and pipes is not None and slot.passes is not None and self.client_fd is not None
+        assert upstream is not None and pipes is not None and slot.gate is not None and self.client_fd is not None
         broker_fd = upstream.socket_fd()
         if broker_fd is None:
             raise ConnectionClosed("protocol", "the broker connection is not plain TCP")
+        await self._flushed()
         relay = Relay(pipes, broker_fd, self.client_fd)
+        timeout = self.settings.idle_timeout_seconds
         try:
-            got = await relay.receive(unread.head, unread.size, slot.version)
-            upstream.unread_done()
-            if isinstance(got, bytearray):
-                self.server.metrics.zero_copy.labels("buffered").inc()
-                return memoryview(got)[4:]
-            if got.scan.correlation_id != slot.correlation_id:
-                raise ConnectionClosed("protocol", f"the broker answered correlation id {got.scan.correlation_id}, "
-                                       f"expected {slot.correlation_id}")  # fmt: skip
-            if not await slot.passes(got.scan):
-                self.server.metrics.zero_copy.labels("changed").inc()
-                return memoryview(relay.take(got))[4:]
-            await self._flushed()
-            timeout = self.settings.idle_timeout_seconds
-            try:
-                await relay.send(got, timeout)
-            except TimeoutError:
-                raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s") from None
+            got = await relay.relay(unread.head, unread.size, slot.version, slot.correlation_id, slot.gate, timeout)
+        except TimeoutError:
+            raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s") from None
         finally:
             relay.close()
+        upstream.unread_done()
+        if isinstance(got, bytearray):
+            self.server.metrics.zero_copy.labels("buffered").inc()
+            return memoryview(got)[4:]
         upstream.done(unread.size)
-        self.server.metrics.zero_copy.labels("spliced").inc()
+        self.server.metrics.zero_copy.labels("changed" if got.changed else "spliced").inc()
         self.server.metrics.answered(slot.api_key, slot.source, 4 + unread.size, time.perf_counter() - slot.started)
         return None
 

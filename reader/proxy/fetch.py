@@ -338,28 +338,14 @@ class FetchPlan:
         ListOffsets per leader, not a round trip per partition."""
         targets: dict[tuple[Any, int], Any] = {}
         names: dict[str, TopicKey | None] = {}
-        probes = {(part.key, part.partition) for part in self.remote}
         for t in broker.responses:
             key = t.topic_id if self.version >= 13 else t.topic
             for p in t.partitions:
                 index = int(p.partition_index)
-                name, offset, _ = self.offsets.get((key, index), (None, -1, 0))
-                if p.error_code != ErrorCode.offset_out_of_range or name is None or (key, index) in probes:
-                    continue
-                if self.version >= 13:
-                    topic: TopicKey | None = TopicKey(name, key)  # the broker's OFFSET_OUT_OF_RANGE: a live id
-                elif name in names:
-                    topic = names[name]
-                else:
-                    try:  # by name: the live incarnation, asked of the cluster (the learned id may be a deleted one's)
-                        topic = names[name] = view.live_key(name)
-                    except KafkaClusterError as exc:
-                        log.warning("the topic's id could not be confirmed; the client retries", topic=name,
-                                    error=str(exc))  # fmt: skip
-                        targets[(key, index)] = _error(_types(self.version)[2], index, ErrorCode.kafka_storage_error)
-                        continue
-                if topic is not None and _holds(view, topic, index, offset):
-                    targets[(key, index)] = topic
+                if p.error_code == ErrorCode.offset_out_of_range:
+                    target = self.out_of_range_target(view, key, index, names)
+                    if target is not None:
+                        targets[(key, index)] = target
         held = [(topic, index) for (_, index), topic in targets.items() if isinstance(topic, TopicKey)]
         if held:
             try:
@@ -367,6 +353,27 @@ class FetchPlan:
             except KafkaClusterError as exc:
                 log.warning("asking the broker's offsets failed", partitions=len(held), error=str(exc))
         return targets
+
+    def out_of_range_target(self, view: TieredView, key: Any, index: int, names: dict[str, TopicKey | None]) -> Any:
+        """For a partition of the request the broker answered OFFSET_OUT_OF_RANGE: the incarnation whose remote
+        copies hold its offset, an error answer where its id could not be confirmed (retriable), or None (the
+        broker's answer stands). ``names``: the live incarnations asked so far in this answer. Blocks (the
+        catalog; by name, the cluster)."""
+        name, offset, _ = self.offsets.get((key, index), (None, -1, 0))
+        if name is None or any(part.key == key and part.partition == index for part in self.remote):
+            return None
+        topic: TopicKey | None
+        if self.version >= 13:
+            topic = TopicKey(name, key)  # the broker's OFFSET_OUT_OF_RANGE: a live id
+        elif name in names:
+            topic = names[name]
+        else:
+            try:  # by name: the live incarnation, asked of the cluster (the learned id may be a deleted one's)
+                topic = names[name] = view.live_key(name)
+            except KafkaClusterError as exc:
+                log.warning("the topic's id could not be confirmed; the client retries", topic=name, error=str(exc))
+                return _error(_types(self.version)[2], index, ErrorCode.kafka_storage_error)
+        return topic if topic is not None and _holds(view, topic, index, offset) else None
 
     def _nothing(self, view: TieredView, part: RemotePart, probe: Any) -> Any:
         """A remote partition answered with no records and no error (a full answer names every partition the

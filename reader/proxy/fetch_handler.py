@@ -18,7 +18,8 @@ from kio.static.primitive import i32
 from reader.proxy.fetch import FETCH, FetchPlan
 from reader.proxy.fetch_answer import encode_fetch_answer
 from reader.proxy.fetch_request import patched_fetch_request
-from reader.proxy.fetch_scan import ScannedFetch, scan_fetch
+from reader.proxy.fetch_scan import scan_fetch
+from reader.proxy.pass_through import PassThrough
 from reader.proxy.protocol import (
     parse,
     read_request_head,
@@ -73,19 +74,13 @@ async def fetch(x: Exchange, req: Request) -> Slot:
             frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
     await x.forward(frame)
 
-    async def passes(scan: ScannedFetch) -> bool:
-        """The broker's answer goes out as it is, unless it has an error or addresses to rewrite."""
-        async with turns:
-            plan.observe(scan.partitions, server.view)
-            if scan.plain:
-                server.count_passed(len(scan.partitions))
-            return scan.plain
+    gate = None if plan.remote else PassThrough(server, plan, turns)
 
     async def finish(answer: memoryview | None) -> Answer | None:
         assert answer is not None
         nonlocal held
         start = response_body_start(answer, FETCH, version)
-        if not plan.remote and await passes(scan_fetch(answer, version, start)):  # fetch_scan.py
+        if gate is not None and await gate.passes(scan_fetch(answer, version, start)):  # fetch_scan.py
             return None
         if reading is not None:
             await reading  # before ``unread`` is asked: a partition is never read twice
@@ -126,7 +121,7 @@ async def fetch(x: Exchange, req: Request) -> Slot:
         return out
 
     source = "remote" if plan.remote else "broker"
-    slot = Slot(FETCH, version, correlation_id, started, True, finish, source, passes=None if plan.remote else passes)
+    slot = Slot(FETCH, version, correlation_id, started, True, finish, source, gate=gate)
     return slot
 
 

@@ -13,7 +13,8 @@ ProtocolError and the caller parses the answer in full (which names what is wron
 The walk (``fetch_walk``) is written once and driven two ways: over an answer received whole
 (``scan_fetch``), and over an answer still in the broker's socket whose record bytes are never read into
 the process (``splice.py``): it asks for header fields (``Step``: a reader of a buffer at a position) and
-says how many record bytes follow (an ``int``), so the driver decides where the bytes go.
+gives each partition's header before its records (a ``ScannedPartition``: its ``records`` bytes follow), so
+the driver decides where the bytes go and may change the header first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, s
 
 Buffer = bytes | bytearray | memoryview
 Step = Callable[[Buffer, int], tuple[Any, int]]  # reads a field at a position: (its value, where it ends)
-Walk = Generator[Step | int, Any, "ScannedFetch"]  # yields a Step (sent its value) or record bytes to skip
+Walk = Generator["Step | ScannedPartition", Any, "ScannedFetch"]  # a Step is sent its value; records follow a partition
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset
@@ -64,8 +65,8 @@ def scan_fetch(frame: Buffer, version: int, start: int) -> ScannedFetch:
     try:
         step = next(walk)
         while True:
-            if isinstance(step, int):
-                pos += step
+            if isinstance(step, ScannedPartition):
+                pos += step.records
                 step = walk.send(None)
             else:
                 value, pos = step(frame, pos)
@@ -94,7 +95,7 @@ def fetch_walk(version: int, header: bool) -> Walk:
         for _ in range(count):
             head = yield _partition_step(version)
             partitions.append(ScannedPartition(topic, *head))
-            yield head[-1]  # the records
+            yield partitions[-1]  # its records follow
             if flexible:
                 yield _tagged
         if flexible:
@@ -106,6 +107,11 @@ def fetch_walk(version: int, header: bool) -> Walk:
 
 
 # -- steps: each reads one run of fields at ``pos`` and says where it ends -----------------------------
+def top_step(step: Step) -> bool:
+    """Whether ``step`` reads the answer's top-level error (its value)."""
+    return step is _top or step is _top_v7
+
+
 def _int32(buf: Buffer, pos: int) -> tuple[int, int]:
     return _I32.unpack_from(buf, pos)[0], pos + 4
 

@@ -77,10 +77,16 @@ class Router:
         node = int(getattr(entity, id_field))
         if node < 0:
             return entity  # "no coordinator" / unknown leader: nothing to point at
-        self.learn(node, entity.host, int(entity.port))
+        address = self.address_for(node, entity.host, int(entity.port))
+        return None if address is None else dataclasses.replace(entity, host=address[0], port=i32(address[1]))
+
+    def address_for(self, node: int, host: str, port: int) -> tuple[str, int] | None:
+        """The proxy's address for a broker a client is told about (learned on the way); None for a node the
+        proxy has no listener for."""
+        self.learn(node, host, port)
         if node in self.unavailable:
             return None
-        return dataclasses.replace(entity, host=self.advertised_host, port=i32(self.port_for(node)))
+        return self.advertised_host, self.port_for(node)
 
     def _endpoints(self, entities: Any, id_field: str = "node_id") -> tuple[Any, ...]:
         return tuple(e for e in (self._endpoint(x, id_field) for x in entities) if e is not None)

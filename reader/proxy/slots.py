@@ -11,10 +11,18 @@ from reader.proxy.authentication import Authentication
 from reader.proxy.config import ProxyListen
 from reader.proxy.fetch_scan import ScannedFetch
 from reader.proxy.services import ProxyServices
+from reader.proxy.splice import Gate
 
 Answer = bytes | memoryview | list[bytes | memoryview]  # one buffer, or pieces to write in order
 Finish = Callable[[memoryview | None], Awaitable[Answer | None]]
-Passes = Callable[[ScannedFetch], Awaitable[bool]]
+
+
+class FetchGate(Gate, Protocol):
+    """A Fetch answer the broker gives alone (``pass_through.PassThrough``)."""
+
+    async def passes(self, scan: ScannedFetch) -> bool:
+        """Received whole: whether it goes out as it is (else ``finish`` completes it)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -29,8 +37,7 @@ class Slot:
     finish: Finish | None  # completes the answer; None: the broker's bytes go out unchanged
     source: str = "broker"
     held: int = 0  # answer budget bytes taken for a remote answer, given back once it is out
-    passes: Passes | None = None  # a Fetch answer the broker may answer alone: goes out as it is if its scan
-    # says so (else ``finish`` completes it), and may be moved without entering the process (splice.py)
+    gate: FetchGate | None = None  # a Fetch answer the broker gives alone: may go on as it arrives (splice.py)
 
 
 @dataclass(slots=True)

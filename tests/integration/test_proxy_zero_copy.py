@@ -1,7 +1,7 @@
-"""Pass-through Fetch answers moved from the broker's socket to the client's through kernel pipes
+"""Pass-through Fetch answers moved from the broker's socket to the client's through a kernel pipe as they arrive
 (``reader/proxy/splice.py``), on the real stack at production shape: a topic of 24 partitions of binary records
 read at once by four confluent-kafka consumers and by kcat, every record byte for byte, no offset missing; with
-the default pipes, with one pipe for the whole proxy (answers that find too few are buffered) and with zero copy
+the default pipes, with one pipe for the whole proxy (answers that find none are buffered) and with zero copy
 turned off."""
 
 from __future__ import annotations
