@@ -2,7 +2,7 @@
 (``reader/proxy/splice.py``), on the real stack at production shape: a topic of 24 partitions of binary records
 read at once by four confluent-kafka consumers and by kcat, every record byte for byte, no offset missing; with
 the default pipes, with one pipe for the whole proxy (answers that find none are buffered) and with zero copy
-turned off."""
+turned off; and an offset the broker no longer has, rewritten in place and then served from remote."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from deploy.stack import Endpoints
 from tests.conftest import create_topic
+from tests.kafka_wire import RawKafka, batch_count, partition_errors
 from tests.proxy_harness import check_exact, kcat_consume, proxy_bootstrap, proxy_for, read_all
+from tests.reader_harness import tiered_topic
 from tests.sidecar_harness import write_config
 
 pytestmark = pytest.mark.integration
@@ -76,3 +78,31 @@ def test_many_consumers_read_every_partition_byte_for_byte_through_the_pipes(
         assert outcomes["spliced"] > 0, outcomes
     else:
         assert outcomes == {"spliced": 0, "changed": 0, "buffered": 0}
+
+
+@pytest.mark.parametrize("version", [12, 13])
+def test_an_offset_the_broker_no_longer_has_is_answered_in_place_then_from_remote(
+    stack: Endpoints, tmp_path: Path, version: int
+) -> None:
+    """A fresh proxy does not know the broker's log start yet, so a Fetch at offset 0 of a tiered topic goes to the
+    broker, which answers OFFSET_OUT_OF_RANGE. The answer goes on as it arrives, so that partition is rewritten in
+    place: NONE, no records, the broker's high watermark and the remote start as log start; the client (which
+    resets nothing) asks again and gets offset 0 from remote storage."""
+    with tiered_topic(stack, tmp_path, records=6_000, local_retention=64 * 1024) as t:
+        end, log_start = t.end_offset(0), t.log_start(0)
+        assert log_start > 0
+        with (
+            proxy_for(t.config, stack.bootstrap) as proxy,
+            RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as raw,
+        ):
+            topic_id = raw.metadata(t.topic).topics[0].topic_id
+            first = raw.fetch(version, t.topic, topic_id, 0, 0)
+            assert first is not None
+            partition = first.responses[0].partitions[0]
+            assert int(partition.error_code) == 0 and not partition.records
+            assert (int(partition.high_watermark), int(partition.log_start_offset)) == (end, 0)
+            assert proxy.metrics.zero_copy.labels("changed")._value.get() == 1
+            second = raw.fetch(version, t.topic, topic_id, 0, 0)
+            assert second is not None and partition_errors(second) == [0]
+            records = second.responses[0].partitions[0].records
+            assert batch_count(records) > 0 and int.from_bytes(records[:8], "big") == 0  # the first batch's base
