@@ -137,9 +137,13 @@ class Relay:
 
     def __init__(self, pool: PipePool, broker: int, client: int) -> None:
         self.pool = pool
-        self.pipe = pool.borrow()
         self.broker = os.dup(broker)
-        self.client = os.dup(client)
+        try:
+            self.client = os.dup(client)
+        except OSError:  # out of descriptors: the connection closes, nothing left open
+            os.close(self.broker)
+            raise
+        self.pipe = pool.borrow()
         self.loop = asyncio.get_running_loop()
         self.sent = False  # a byte of the answer went to the client: it can no longer be read whole
 
