@@ -155,6 +155,7 @@ class TieredConsumer:
         self._in_rebalance = False
         self._assigned_in_callback = False
         self._commit_on_unassign = False
+        self._closing = False  # close() has begun: assignments served while leaving are not set up
         self._closed = False
 
     # -- assignment -----------------------------------------------------------------------------
@@ -166,6 +167,8 @@ class TieredConsumer:
         self._catalog.watch(topics)
 
         def assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            if self._closing:  # an assignment served while leaving the group: nothing is read any more (asking
+                return  # the committed offsets then fails with _DESTROY); confluent-kafka assigns as it must
             self._rebalance(on_assign, partitions, self.incremental_assign if self._incremental else self.assign)
 
         def revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -681,6 +684,7 @@ class TieredConsumer:
         """Commit (with auto commit), leave the group, free the remote streams. Idempotent."""
         if self._closed:
             return
+        self._closing = True
         try:
             if self._auto_commit:
                 self._commit_positions(asynchronous=False)

@@ -133,10 +133,13 @@ def reading(proxy: ProxyServer, t: Tiered, client_id: str, stop: threading.Event
 def test_a_client_over_its_quota_gets_the_quota_and_others_are_not_slowed(stack: Endpoints, tiered: Tiered) -> None:
     limited, free = f"quota-limited-{uuid.uuid4().hex[:6]}", f"quota-free-{uuid.uuid4().hex[:6]}"
     with proxy_for(tiered.config, stack.bootstrap, quota_refresh_seconds=1.0) as proxy:
-        # no quota set: answers far beyond what 5 MB/s allows in a window (50 MB) are not throttled
+        # no quota set: answers far beyond what 5 MB/s allows in a window (50 MB) are not throttled. The first may
+        # come without records: a proxy that has not yet seen the broker's log start passes the fetch on, and the
+        # broker's OFFSET_OUT_OF_RANGE is answered in place, no records (reader/proxy/pass_through.py)
         with RawKafka(proxy_bootstrap(proxy)) as raw:
             answers = [raw.fetch(12, tiered.topic, uuid.UUID(int=0), 0, 0, 1 << 20) for _ in range(64)]
-        assert all(a is not None and record_bytes(a) > 0 for a in answers)
+        assert all(a is not None for a in answers)
+        assert all(record_bytes(a) > 0 for a in answers[1:])
         assert {a.throttle_time.total_seconds() for a in answers} == {0}
 
         configs(stack, "--alter", "--entity-type", "clients", "--entity-name", limited, "--add-config",
