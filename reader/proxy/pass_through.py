@@ -28,7 +28,7 @@ from reader.proxy.routing import Router
 from reader.proxy.services import ProxyServices
 from reader.proxy.tiered import TopicKey
 from reader.proxy.turns import FetchTurns
-from reader.proxy.wire import ProtocolError, put_uvarint, skip_tagged_fields, uvarint
+from reader.proxy.wire import ProtocolError, put_uvarint, skip_tagged_fields, string_length, uvarint
 from tiering_core.kafka_cluster import KafkaClusterError
 
 _OFFSETS = struct.Struct(">hqq")  # error_code, high_watermark, last_stable_offset
@@ -123,12 +123,13 @@ def _endpoints(data: bytes, router: Router) -> bytes:
     kept: list[bytes] = []
     for _ in range(max(count - 1, 0)):
         (node,) = _I32.unpack_from(data, pos)
-        host, pos = _compact_string(data, pos + 4)
-        (port,) = _I32.unpack_from(data, pos)
-        rack_at = pos + 4
-        _, pos = _compact_string(data, rack_at)
-        pos = skip_tagged_fields(data, pos)
-        address = router.address_for(node, host or "", port)
+        size, pos = string_length(data, pos + 4, True)
+        host = data[pos : pos + size].decode()
+        (port,) = _I32.unpack_from(data, pos + size)
+        rack_at = pos + size + 4
+        size, pos = string_length(data, rack_at, True)
+        pos = skip_tagged_fields(data, pos + size)
+        address = router.address_for(node, host, port)
         if address is None:
             continue
         entry = bytearray(_I32.pack(node))
@@ -139,13 +140,6 @@ def _endpoints(data: bytes, router: Router) -> bytes:
     out = bytearray()
     put_uvarint(out, len(kept) + 1)
     return bytes(out) + b"".join(kept)
-
-
-def _compact_string(data: bytes, pos: int) -> tuple[str | None, int]:
-    size, pos = uvarint(data, pos)
-    if size == 0:
-        return None, pos
-    return data[pos : pos + size - 1].decode(), pos + size - 1
 
 
 def _padded(fields: list[tuple[int, bytes]], size: int) -> bytes | None:

@@ -8,7 +8,6 @@ touched."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import struct
 import threading
@@ -26,8 +25,6 @@ from reader.proxy.protocol import parse, response_body_start, response_type
 from reader.proxy.routing import Router
 from reader.proxy.splice import Passed, PipePool, Relay, pipe_max_size
 from tests.fetch_answers import VERSIONS, fetch_answer
-
-pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is Linux only")
 
 
 @contextmanager
