@@ -75,6 +75,12 @@ class UnknownTopic(RemoteReadError):
     """The topic exists neither in the Kafka cluster nor in the tiering metadata."""
 
 
+class WouldBlock(Exception):
+    """A read asked not to wait (``wait=False``) would have waited: for a download, the location of a copy or
+    its transaction index. Nothing changed; the caller reads again where waiting is allowed (the access layer
+    reads on the event loop what read-ahead already holds, the rest on its remote threads)."""
+
+
 class MemoryBusy(RemoteReadError):
     """No room in the memory pool for the window a read needs, within the wait allowed (``reader/cursor.py``):
     the access layer answers the partition without records this time, the HTTP service 503 with Retry-After."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from reader.errors import MemoryBusy, RemoteDataCorrupt
+from reader.errors import MemoryBusy, RemoteDataCorrupt, WouldBlock
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.windows import WindowRange, continued_in, windows_from
@@ -193,11 +193,14 @@ class ReadAhead:
             w.reserved = 0
 
     # -- the reader's side ----------------------------------------------------------------------
-    def head(self) -> Window | None:
+    def head(self, block: bool = True) -> Window | None:
         """The first planned window (the next copy's first, waiting for its location ahead when this copy is
-        done); None when nothing is planned: the reader locates the copy it needs and ``begin``s it."""
+        done); None when nothing is planned: the reader locates the copy it needs and ``begin``s it. Without
+        ``block``, WouldBlock where it would wait."""
         job = self.locating
         if not self.windows and job is not None and self.located_after is self.planned_to is not None:
+            if not block and not job.done():
+                raise WouldBlock("the next copy is being located")
             wait([job])  # its errors are the reader's to meet when it locates the copy itself
         return self.windows[0] if self.windows else None
 
@@ -206,18 +209,28 @@ class ReadAhead:
         w = self.windows[0]
         return w.state != LOADING or w.done.wait(timeout)
 
-    def take(self) -> Window:
+    def next_ready(self, copy: SegmentCopy) -> bool:
+        """Whether the window after the head is ``copy``'s and downloaded (a read can go on into it at once)."""
+        with self.lock:
+            after = self.windows[1] if len(self.windows) > 1 else None
+        return after is not None and after.copy is copy and after.state == READY
+
+    def take(self, block: bool = True) -> Window:
         """The head window TAKEN, with its bytes and what ``prepare`` made of them: read ahead, else
         downloaded now into room the pool makes by evicting read-ahead. Raises a read-ahead download's error
         (once: taking again retries), the read's own errors, and MemoryBusy after ``memory_wait`` seconds
-        without room (the window is left as it was)."""
+        without room (the window is left as it was). Without ``block``, only a window read ahead is taken:
+        WouldBlock otherwise (the window is left as it was)."""
         w = self.windows[0]
         while True:
             with self.pool.cond:
-                self.pool.unmark(id(w))
                 if w.state == READY:
+                    self.pool.unmark(id(w))
                     w.state = TAKEN
                     return w
+                if not block and w.error is None:
+                    raise WouldBlock(f"bytes {w.start}-{w.end} of {w.copy.log_key} are not downloaded yet")
+                self.pool.unmark(id(w))
                 loading = w.state == LOADING
                 error, w.error = w.error, None
             if error is not None:

@@ -47,7 +47,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 
 from reader.cursor import ServedBatches
-from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError
+from reader.errors import NotInRemote, OffsetOutOfRange, RemoteReadError, WouldBlock
 from reader.proxy.fetch_scan import ScannedPartition
 from reader.proxy.protocol import build, nested, response_type
 from reader.proxy.tiered import TieredView, TopicKey
@@ -163,26 +163,34 @@ class FetchPlan:
         return self.live[topic.name]
 
     # -- remote reads (blocking: run off the event loop) ------------------------------------------
-    def read_remote(self, view: TieredView, parts: list[RemotePart] | None = None) -> None:
+    def read_remote(self, view: TieredView, parts: list[RemotePart] | None = None, block: bool = True) -> None:
         """Read the remote partitions (``parts``, else all) not read yet, within the request's ``max_bytes``:
         the first partition with data may return one larger batch (Kafka's rule), the others only what fits.
         Remote partitions come first in an answer (a broker partition that no longer fits is cheap to fetch
         again; a remote one would be read again from the store). A read before the broker answered is
         *speculative*: ``merge`` sends only what the broker allowed; a partition waiting for the broker's word on
-        its open transactions (``settle``) is not read speculatively."""
+        its open transactions (``settle``) is not read speculatively. Without ``block`` (on the event loop) only
+        what read-ahead holds in memory now is read, in order, up to the first partition that would wait for
+        the store or the cluster (``ahead_unread``: read on a remote thread)."""
         used = self.remote_bytes()
         todo = [part for part in (self.remote if parts is None else parts)
                 if not part.read and not (parts is None and part.settle)]  # fmt: skip
-        if len(todo) > 1:  # the broker's offsets they are answered with: those not cached asked together
+        if len(todo) > 1 and block:  # the broker's offsets they are answered with: those not cached asked together
             try:
                 view.refresh_offsets([(part.topic, part.partition) for part in todo])
             except KafkaClusterError as exc:  # each partition asks again on its own and fails alone
                 log.info("asking the broker's offsets failed", partitions=len(todo), error=str(exc))
         for part in todo:
+            if not block and self.version < 13 and part.topic.name not in self.live:
+                return  # by name, the cluster is asked whether the id is the live one
             live = self._live(view, part.topic)
             if live:
-                part.answer = self._partition(view, part.topic, part.partition, part.offset,
-                                              min(part.max_bytes, self.max_bytes - used), used == 0)  # fmt: skip
+                try:
+                    answer = self._partition(view, part.topic, part.partition, part.offset,
+                                             min(part.max_bytes, self.max_bytes - used), used == 0, block)  # fmt: skip
+                except WouldBlock:
+                    return
+                part.answer = answer
             else:  # another incarnation now (the client asks again, planned on it) or unconfirmed: retriable
                 part.answer = None if live is False else _error(_types(self.version)[2], part.partition,
                                                                  ErrorCode.kafka_storage_error)  # fmt: skip
@@ -207,24 +215,32 @@ class FetchPlan:
         return sum(len(t.partitions) for t in self.upstream.topics) == len(self.remote)
 
     @property
+    def ahead_unread(self) -> bool:
+        """Remote partitions ``read_remote`` reads ahead of the broker's answer are still to be read."""
+        return any(not part.read and not part.settle for part in self.remote)
+
+    @property
     def unread(self) -> bool:
         """Remote partitions are still to be read (``merge`` would block: run it off the event loop)."""
         return any(not part.read for part in self.remote)
 
     def _partition(self, view: TieredView, topic: TopicKey, partition: int, offset: int, max_bytes: int,
-                   min_one: bool = True) -> Any:  # fmt: skip
+                   min_one: bool = True, block: bool = True) -> Any:  # fmt: skip
         """The remote answer for one partition: batches from ``offset`` (none when ``max_bytes`` is used up), an
-        error, or None where the copies do not hold ``offset`` (the broker has it now)."""
+        error, or None where the copies do not hold ``offset`` (the broker has it now). Without ``block``,
+        WouldBlock where it would wait for the store or the cluster."""
         data_type = _types(self.version)[2]
         try:
-            offsets = view.broker_offsets(topic, partition)
+            offsets = view.broker_offsets(topic, partition, block=block)
             if max_bytes > 0 or min_one:
-                served = view.read(topic, partition, offset, max(max_bytes, 0), self.read_committed, min_one)
+                served = view.read(topic, partition, offset, max(max_bytes, 0), self.read_committed, min_one, block)
                 if served.undecided:  # the next fetch asks the broker how they ended (``FetchPlan.make``)
                     view.note_undecided(topic, partition, served.undecided)
             else:  # no room left in this answer: the client fetches the same offset again
                 served = ServedBatches(b"", [], offset)
             found = view.remote_range(topic, partition)
+        except WouldBlock:
+            raise
         except OffsetOutOfRange:
             return _error(data_type, partition, ErrorCode.offset_out_of_range)
         except NotInRemote:

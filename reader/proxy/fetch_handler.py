@@ -38,41 +38,36 @@ async def fetch(x: Exchange, req: Request) -> Slot:
     server = x.server
     turns = server.fetch_turns
     loop = asyncio.get_running_loop()
+    sent = False
     async with turns:
         head = read_request_head(frame)
+        client_id = head.client_id or ""
         request = parse(request_type(FETCH, version), frame, head.body)
         clamped = int(getattr(request, "max_bytes", 0)) > x.settings.fetch_max_bytes
         if clamped:  # the broker's fetch.max.bytes: one answer always fits the answer budget (config.py)
             request = dataclasses.replace(request, max_bytes=i32(x.settings.fetch_max_bytes))
         plan = FetchPlan.make(version, request, server.view)
+        if not plan.unconfirmed:
+            ahead = _read_ahead_budget(x, plan, client_id)
+            if ahead is None or plan.probes_only:  # nothing to read before the broker is asked: in this turn
+                await _ask_broker(x, plan, request, head, frame, clamped, ahead is not None)
+                sent = True
     if plan.unconfirmed:
         plan = await loop.run_in_executor(server.remote_pool, FetchPlan.make, version, request, server.view, True)
-    client_id = head.client_id or ""
-    quota_bytes = server.quotas.max_bytes(x.auth.user, client_id)
-    if plan.remote and quota_bytes is not None:  # as the broker: larger would always be throttled
-        plan.max_bytes = min(plan.max_bytes, quota_bytes)
-    # Read ahead of the broker's answer only for topics it allowed on this connection before: a hint for
-    # speed, not a decision (``merge`` sends nothing the broker did not allow in its answer to this request).
-    held = 0  # answer budget taken for the remote answer
-    charge = _remote_charge(x, plan, [part.max_bytes for part in plan.remote])
-    reading: asyncio.Future[None] | None = None
-    if plan.remote and all(part.key in x.fetch_allowed for part in plan.remote) and _take_ahead(x, charge):
-        held = charge
-        reading = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view)
-        if not plan.probes_only:  # the broker is asked for what the remote part left of max_bytes
-            await reading
+        ahead = _read_ahead_budget(x, plan, client_id)
+    held = ahead or 0  # answer budget taken for the remote answer
+    if not sent:
+        if ahead is not None and not plan.probes_only:  # the broker is asked for what the remote part left
+            async with turns:
+                plan.read_remote(server.view, block=False)
+            if plan.ahead_unread:
+                await loop.run_in_executor(server.remote_pool, plan.read_remote, server.view)
             plan.limit_upstream()
-        # else the broker answers the probes while the remote part is read (one round trip less per fetch)
-    async with turns:
-        room = max(0, server.answers.capacity - server.answers.used)
-        if room < int(getattr(plan.upstream, "max_bytes", 0)):  # the broker's answer within the free room
-            plan.upstream = dataclasses.replace(plan.upstream, max_bytes=i32(room))
-            clamped = True
-        sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
-        if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
-            patched = patched_fetch_request(frame, head.body, version, plan.upstream)  # fetch_request.py
-            frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
-    await x.forward(frame)
+        async with turns:
+            await _ask_broker(x, plan, request, head, frame, clamped, ahead is not None)
+    reading: asyncio.Future[None] | None = None
+    if ahead is not None and plan.ahead_unread:  # what read-ahead did not hold: read while the broker answers
+        reading = loop.run_in_executor(server.remote_pool, plan.read_remote, server.view)
 
     gate = None if plan.remote else PassThrough(server, plan, turns)
 
@@ -123,6 +118,41 @@ async def fetch(x: Exchange, req: Request) -> Slot:
     source = "remote" if plan.remote else "broker"
     slot = Slot(FETCH, version, correlation_id, started, True, finish, source, gate=gate)
     return slot
+
+
+async def _ask_broker(x: Exchange, plan: FetchPlan, request: Any, head: Any, frame: bytes, clamped: bool,
+                      ahead: bool) -> None:  # fmt: skip
+    """Send the broker its part of the request (patched where the plan changed it). With ``ahead`` and only
+    probes asked, then read on the event loop the remote partitions read-ahead holds in memory, while the
+    broker answers: no hop to a thread and back, and no thread holding the GIL when the answer arrives (both
+    measured to cost more than the read, docs/design.md). Run it in a turn."""
+    server = x.server
+    room = max(0, server.answers.capacity - server.answers.used)
+    if room < int(getattr(plan.upstream, "max_bytes", 0)):  # the broker's answer within the free room
+        plan.upstream = dataclasses.replace(plan.upstream, max_bytes=i32(room))
+        clamped = True
+    sessionless = getattr(request, "session_epoch", -1) == -1 and getattr(request, "session_id", 0) == 0
+    if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
+        patched = patched_fetch_request(frame, head.body, plan.version, plan.upstream)  # fetch_request.py
+        frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
+    await x.forward(frame)
+    if ahead and plan.probes_only:
+        plan.read_remote(server.view, block=False)
+
+
+def _read_ahead_budget(x: Exchange, plan: FetchPlan, client_id: str) -> int | None:
+    """The answer budget taken to read the remote partitions ahead of the broker's answer; None when they are
+    read once it is merged. Read ahead only for topics the broker allowed on this connection before: a hint
+    for speed, not a decision (``merge`` sends nothing the broker did not allow in its answer to this
+    request). Caps the plan's ``max_bytes`` at the client's quota, as the broker (larger would always be
+    throttled)."""
+    quota_bytes = x.server.quotas.max_bytes(x.auth.user, client_id)
+    if plan.remote and quota_bytes is not None:
+        plan.max_bytes = min(plan.max_bytes, quota_bytes)
+    if not plan.remote or not all(part.key in x.fetch_allowed for part in plan.remote):
+        return None
+    charge = _remote_charge(x, plan, [part.max_bytes for part in plan.remote])
+    return charge if _take_ahead(x, charge) else None
 
 
 def _remote_charge(x: Exchange, plan: FetchPlan, partition_max_bytes: list[int]) -> int:

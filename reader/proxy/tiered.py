@@ -31,7 +31,7 @@ from metadata.records import topic_id_bytes
 from reader.batches import complete_prefix
 from reader.catalog import MetadataCatalog
 from reader.cursor import CursorCache, ServedBatches
-from reader.errors import MemoryBusy, NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic
+from reader.errors import MemoryBusy, NotInRemote, OffsetOutOfRange, RemoteReadError, UnknownTopic, WouldBlock
 from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from tiering_core.formats import decode_batch, scan_headers
@@ -203,9 +203,16 @@ class TieredView:
             while len(self._decided) > _TRACKED_PARTITIONS:
                 del self._decided[next(iter(self._decided))]
 
-    def broker_offsets(self, topic: TopicKey, partition: int, *, fresh: bool = False) -> BrokerOffsets:
-        """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now.
-        Raises KafkaClusterError."""
+    def broker_offsets(self, topic: TopicKey, partition: int, *, fresh: bool = False,
+                       block: bool = True) -> BrokerOffsets:  # fmt: skip
+        """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now
+        (without ``block``: WouldBlock instead). Raises KafkaClusterError."""
+        if not block:
+            with self._lock:
+                found = self._offsets.get((topic.id, partition))
+            if fresh or found is None or time.monotonic() - found.seen >= self.cache_seconds:
+                raise WouldBlock(f"the broker's offsets of {topic.name}-{partition} are not cached")
+            return found
         return self.refresh_offsets([(topic, partition)], fresh=fresh)[(topic.id, partition)]
 
     def refresh_offsets(self, partitions: Iterable[tuple[TopicKey, int]], *, fresh: bool = False
@@ -285,17 +292,17 @@ class TieredView:
         return log_start
 
     def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool,
-             min_one: bool = True) -> ServedBatches:  # fmt: skip
+             min_one: bool = True, block: bool = True) -> ServedBatches:  # fmt: skip
         """Whole batches from ``offset`` (``BatchCursor.read``); none when the memory pool has no room in time
         (the client asks again, as after an empty answer). Raises NotInRemote, OffsetOutOfRange and the read
-        errors."""
+        errors; without ``block``, WouldBlock where the read would wait."""
         if self.catalog.download_paused(topic.name, topic.kafka_id):
             return ServedBatches(b"", [], offset)
         try:
             with self._lock:
                 decided = self._decided.get((topic.id, partition)) if read_committed else None
             return self.cursors.read(topic.name, topic.kafka_id, partition, offset, max_bytes, read_committed,
-                                     min_one, decided)  # fmt: skip
+                                     min_one, decided, block)  # fmt: skip
         except MemoryBusy as exc:
             log.info("remote partition answered without records: the memory pool is full", topic=topic.name,
                      partition=partition, offset=offset, error=str(exc))  # fmt: skip

@@ -13,7 +13,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i16, i32, i64
 
 from reader.cursor import ServedBatches
-from reader.errors import NotInRemote
+from reader.errors import NotInRemote, WouldBlock
 from reader.proxy.answers import api_versions, list_offsets
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.handlers import _acks
@@ -129,6 +129,7 @@ class FakeView:
         self.remote_partitions = {0}  # those below the log start
         self.refreshed: list[tuple[list[int], bool]] = []  # refresh_offsets calls: partitions, fresh
         self.asked_ids: list[str] = []  # live_key calls (a Metadata request each)
+        self.in_memory: set[int] | None = None  # partitions a read that may not wait finds read ahead (None: all)
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         return "t"
@@ -175,11 +176,13 @@ class FakeView:
         self.learned.append((partition, log_start, list(aborted)))
         self.undecided.pop(partition, None)
 
-    def broker_offsets(self, topic: TopicKey, partition: int, fresh: bool = False) -> Any:
+    def broker_offsets(self, topic: TopicKey, partition: int, fresh: bool = False, block: bool = True) -> Any:
         return BrokerOffsets(100, 160, 160, 0.0)
 
     def read(self, topic: TopicKey, partition: int, offset: int, max_bytes: int, read_committed: bool,
-             min_one: bool = True) -> Any:  # fmt: skip
+             min_one: bool = True, block: bool = True) -> Any:  # fmt: skip
+        if not block and self.in_memory is not None and partition not in self.in_memory:
+            raise WouldBlock(f"partition {partition} is not read ahead")
         if offset in self.not_in_remote:
             raise NotInRemote(topic.name, partition, offset, 40)
         self.reads.append((partition, offset))
@@ -299,6 +302,27 @@ def test_a_probe_the_broker_allows_is_answered_from_remote(code: ErrorCode) -> N
     assert parts[1].records == b"b" * 7
     assert plan.allowed == {"t"} and plan.served_remote == {("t", 0)}
     assert (0, 100) in view.observed if code == ErrorCode.none else (1, 100) in view.observed
+
+
+@pytest.mark.parametrize("version", [12, 13])
+def test_a_read_that_may_not_wait_reads_in_order_up_to_the_first_partition_not_in_memory(version: int) -> None:
+    """On the event loop only what read-ahead holds is read, in the request's order, up to the first partition
+    that would wait; the rest is read where waiting is allowed, within what is left of max_bytes. By name, a
+    partition whose id was not confirmed in this request is not read there (it asks the cluster)."""
+    view = FakeView()
+    view.remote_partitions, view.in_memory = {0, 1, 2}, {0, 2}
+    request = fetch_request(version, {0: 50, 1: 60, 2: 70}, max_bytes=25)
+    plan = FetchPlan.make(version, request, view)  # type: ignore[arg-type]
+    if version < 13:
+        plan.read_remote(view, block=False)  # type: ignore[arg-type]
+        assert view.reads == [] and view.asked_ids == [] and plan.ahead_unread
+        plan.live["t"] = True  # confirmed once in this request
+    plan.read_remote(view, block=False)  # type: ignore[arg-type]
+    assert view.reads == [(0, 50)] and plan.ahead_unread
+    assert [part.read for part in plan.remote] == [True, False, False]
+    plan.read_remote(view)  # type: ignore[arg-type]
+    assert view.reads == [(0, 50), (1, 60), (2, 70)] and not plan.ahead_unread
+    assert [len(part.answer.records) for part in plan.remote] == [10, 10, 0]  # 25 bytes: no room for a third
 
 
 def test_open_transactions_in_the_remote_part_are_settled_by_the_brokers_answer_at_its_log_start() -> None:

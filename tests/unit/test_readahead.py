@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from reader.errors import MemoryBusy, RemoteDataCorrupt, RemoteUnavailable
+from reader.errors import MemoryBusy, RemoteDataCorrupt, RemoteUnavailable, WouldBlock
 from reader.pool import MemoryPool
-from reader.readahead import ReadAhead
+from reader.readahead import IDLE, LOADING, ReadAhead
 
 KIB = 1024
 
@@ -161,6 +161,46 @@ def test_memory_busy_after_memory_wait_leaves_the_head_window_as_it_was() -> Non
         ahead.take()
     reader.pool.release(100 * KIB)
     assert ahead.take().start == 0  # the same window, now downloaded
+    ahead.close()
+    assert reader.pool.used == 0
+
+
+def test_a_take_that_may_not_wait_gets_only_a_window_read_ahead_and_changes_nothing_otherwise() -> None:
+    """``take(block=False)`` (the access layer reading on its event loop): a window still downloading, or
+    never started for want of room, is WouldBlock, the window left as it was, nothing downloaded for it; once
+    read ahead it is taken at once. The next copy still being located is WouldBlock too."""
+    a, b = FakeCopy("a", 0, 99, 64 * KIB), FakeCopy("b", 100, 199, 64 * KIB)
+    reader = FakeReader([a, b], pool_bytes=1 << 20, ahead=1)
+    reader.gate.clear()  # downloads wait
+    reader.locate_gate.clear()  # and so does the location of the copy after ``a``
+    ahead = ReadAhead(reader, no_prepare)
+    ahead.begin(a, 0)
+    with pytest.raises(WouldBlock, match="not downloaded yet"):
+        ahead.take(block=False)
+    assert ahead.windows[0].state == LOADING
+    reader.gate.set()
+    settle(reader)
+    w = ahead.take(block=False)
+    assert w.copy is a and w.data is not None
+    ahead.pop()
+    with pytest.raises(WouldBlock, match="located"):
+        ahead.head(block=False)
+    reader.locate_gate.set()
+    settle(reader)
+    assert ahead.head(block=False) is not None and ahead.head(block=False).copy is b
+    ahead.close()
+    settle(reader)
+
+    c = FakeCopy("c", 0, 99, 128 * KIB)
+    reader = FakeReader([c], pool_bytes=128 * KIB, ahead=0)
+    assert reader.pool.try_reserve(100 * KIB)  # no room: the head window is not read ahead
+    ahead = ReadAhead(reader, no_prepare, memory_wait=5)
+    ahead.begin(c, 0)
+    with pytest.raises(WouldBlock):
+        ahead.take(block=False)  # at once, not after memory_wait
+    assert ahead.windows[0].state == IDLE and reader.reads == []
+    reader.pool.release(100 * KIB)
+    assert ahead.take().start == 0  # a read that may wait downloads it
     ahead.close()
     assert reader.pool.used == 0
 
