@@ -156,10 +156,11 @@ def _read_ahead_budget(x: Exchange, plan: FetchPlan, client_id: str) -> int | No
 
 
 def _remote_charge(x: Exchange, plan: FetchPlan, partition_max_bytes: list[int]) -> int:
-    """Answer budget for a remote answer: its records (a partition gives at most one window's batches, the
-    answer at most max_bytes) held twice while it is built, as records and encoded."""
+    """Answer budget for a remote answer: its records (a partition gives at most the rest of one window and
+    the next window's batches, the answer at most max_bytes) held twice while it is built, as records and
+    encoded."""
     window = x.server.settings.fetch_window_bytes
-    return 2 * min(plan.max_bytes, sum(min(m, window) for m in partition_max_bytes))
+    return 2 * min(plan.max_bytes, sum(min(m, 2 * window) for m in partition_max_bytes))
 
 
 def _account(x: Exchange, held: int, body: Any) -> int:
