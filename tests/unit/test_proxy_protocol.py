@@ -14,6 +14,7 @@ from kio.static.primitive import i8, i16, i32, i64
 
 from reader.cursor import ServedBatches
 from reader.errors import NotInRemote, WouldBlock
+from reader.proxy import fetch as fetch_module
 from reader.proxy.answers import api_versions, list_offsets
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.handlers import _acks
@@ -323,6 +324,24 @@ def test_a_read_that_may_not_wait_reads_in_order_up_to_the_first_partition_not_i
     plan.read_remote(view)  # type: ignore[arg-type]
     assert view.reads == [(0, 50), (1, 60), (2, 70)] and not plan.ahead_unread
     assert [len(part.answer.records) for part in plan.remote] == [10, 10, 0]  # 25 bytes: no room for a third
+
+
+def test_the_read_on_the_event_loop_stops_at_its_time_and_leaves_the_rest_to_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Fetch of many remote partitions all in memory does not hold the event loop past
+    ``INLINE_READ_SECONDS``: what is left is read where waiting is allowed, and nothing is read twice."""
+    view = FakeView()
+    view.remote_partitions = set(range(40))
+    plan = FetchPlan.make(13, fetch_request(13, {p: 2 * p for p in range(40)}), view)  # type: ignore[arg-type]
+    monkeypatch.setattr(fetch_module, "INLINE_READ_SECONDS", -1.0)  # its time is up before the first partition
+    plan.read_remote(view, block=False)  # type: ignore[arg-type]
+    assert view.reads == [] and plan.ahead_unread
+    monkeypatch.setattr(fetch_module, "INLINE_READ_SECONDS", 60.0)
+    plan.read_remote(view, block=False)  # type: ignore[arg-type]
+    assert view.reads == [(p, 2 * p) for p in range(40)] and not plan.ahead_unread
+    plan.read_remote(view)  # type: ignore[arg-type]
+    assert len(view.reads) == 40
 
 
 def test_open_transactions_in_the_remote_part_are_settled_by_the_brokers_answer_at_its_log_start() -> None:
