@@ -76,9 +76,10 @@ class UnknownTopic(RemoteReadError):
 
 
 class WouldBlock(Exception):
-    """A read asked not to wait (``wait=False``) would have waited: for a download, the location of a copy or
-    its transaction index. Nothing changed; the caller reads again where waiting is allowed (the access layer
-    reads on the event loop what read-ahead already holds, the rest on its remote threads)."""
+    """A read asked not to wait (``block=False``) would have waited: for a download, the location of a copy,
+    its transaction index, or the cluster. Its position did not move; the caller reads again where waiting is
+    allowed (the access layer reads on the event loop what read-ahead already holds, the rest on its remote
+    threads)."""
 
 
 class MemoryBusy(RemoteReadError):

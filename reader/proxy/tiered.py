@@ -207,19 +207,13 @@ class TieredView:
                        block: bool = True) -> BrokerOffsets:  # fmt: skip
         """The cached answer if young enough (or ``fresh`` is not asked), else asked of the cluster now
         (without ``block``: WouldBlock instead). Raises KafkaClusterError."""
-        if not block:
-            with self._lock:
-                found = self._offsets.get((topic.id, partition))
-            if fresh or found is None or time.monotonic() - found.seen >= self.cache_seconds:
-                raise WouldBlock(f"the broker's offsets of {topic.name}-{partition} are not cached")
-            return found
-        return self.refresh_offsets([(topic, partition)], fresh=fresh)[(topic.id, partition)]
+        return self.refresh_offsets([(topic, partition)], fresh=fresh, block=block)[(topic.id, partition)]
 
-    def refresh_offsets(self, partitions: Iterable[tuple[TopicKey, int]], *, fresh: bool = False
-                        ) -> dict[tuple[uuid.UUID, int], BrokerOffsets]:  # fmt: skip
+    def refresh_offsets(self, partitions: Iterable[tuple[TopicKey, int]], *, fresh: bool = False,
+                        block: bool = True) -> dict[tuple[uuid.UUID, int], BrokerOffsets]:  # fmt: skip
         """``broker_offsets`` of several partitions, those not cached young enough (all with ``fresh``) asked of
-        the cluster together: one ListOffsets per leader and kind, not a round trip per partition. Raises
-        KafkaClusterError."""
+        the cluster together: one ListOffsets per leader and kind, not a round trip per partition (without
+        ``block``: WouldBlock instead of asking). Raises KafkaClusterError."""
         now = time.monotonic()
         out: dict[tuple[uuid.UUID, int], BrokerOffsets] = {}
         ask: dict[tuple[str, int], tuple[uuid.UUID, int]] = {}
@@ -230,6 +224,8 @@ class TieredView:
                     out[(topic.id, partition)] = found
                 else:
                     ask[(topic.name, partition)] = (topic.id, partition)
+        if ask and not block:
+            raise WouldBlock(f"the broker's offsets of {len(ask)} partitions are not cached")
         if ask:
             got = self.cluster.local_offsets(list(ask))
             seen = time.monotonic()

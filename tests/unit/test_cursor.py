@@ -133,12 +133,16 @@ def test_a_read_that_may_not_wait_serves_only_downloaded_windows_and_never_skips
     first = cache.read("t", "id", 0, 0, 40 * KIB, False)
     served = offsets_of(first.data, copy)
     reader.gate.clear()  # the next window is not downloaded (no read-ahead)
-    position = first.next_offset
+    position, blocked, in_memory = first.next_offset, 0, 0
     while True:
+        downloads = reader.reads
         try:
             got = cache.read("t", "id", 0, position, 40 * KIB, False, block=False)
+            assert reader.reads == downloads  # served from memory: nothing downloaded for it
+            in_memory += 1
         except WouldBlock:
-            assert cache.cursors and (("id", 0, position) in cache.cursors)  # kept, where it was
+            blocked += 1
+            assert ("id", 0, position) in cache.cursors  # kept, where it was
             reader.gate.set()
             got = cache.read("t", "id", 0, position, 40 * KIB, False)
             reader.gate.clear()
@@ -147,6 +151,7 @@ def test_a_read_that_may_not_wait_serves_only_downloaded_windows_and_never_skips
         if position > copy.end_offset:
             break
     assert served == copy.offsets
+    assert blocked >= 3 and in_memory >= 3  # both kinds of read happened, windows apart
     reader.gate.set()
     cache.close()
     settled(reader)

@@ -57,8 +57,8 @@ def child_main() -> None:
     end, count, size, first = spec["end"], 0, 0, None
     position = 0
     while position < end:
-        # one record until the first came: consume(1000) waits for 1000 records or its timeout, which is not
-        # the first record's time (an answer of fewer records measured as a second)
+        # one record until the first came: consume(1000) returns after 1000 records or its timeout, which is
+        # not the first record's time
         for m in consumer.consume(1 if first is None else min(1000, end - position), 1.0):
             if m.error() is not None:
                 raise SystemExit(f"{side}: {m.error()}")
