@@ -3,10 +3,13 @@ kafka-configs on the running broker, as the broker's own would (reader/proxy/quo
 
 A topic of about 40 MB in 16 KiB records is tiered; librdkafka consumers read its remote part from offset 0
 through the proxy over and over (back to 0 at the remote end). With ``consumer_byte_rate`` 5 MB/s on one
-client id, that client gets 5 MB/s, measured from its side over three whole quota windows (33 s of
-Kafka's 11 samples of 1 s: within a window Kafka's rate lets the bytes come in bursts as old samples
-expire, so a shorter or unaligned span says little); a second client without a quota reads at the same
-time, unthrottled and far faster. Before any quota is set, no answer is throttled.
+client id, that client gets 5 MB/s, measured from its side over three whole quota windows from before its
+first fetch (33 s of Kafka's 11 samples of 1 s). Within that span Kafka's rate lets the bytes come in bursts
+of about a window's worth (55 MB) each time the oldest sample expires, 11 s or more apart, the first at the
+first fetch: a span starting at the first bytes instead can end just after the fourth burst began and count
+a third too much, or miss part of the first and count too little, so the span starts when the client does.
+A second client without a quota reads at the same time, unthrottled and far faster. Before any quota is set,
+no answer is throttled.
 """
 
 from __future__ import annotations
@@ -78,9 +81,10 @@ def configs(stack: Endpoints, *args: str) -> None:
 
 @dataclass
 class Reading:
-    """What a looping consumer read: (monotonic time, bytes of remote records so far) after each poll, and the
-    largest throttle time librdkafka reported."""
+    """What a looping consumer read: when it was assigned (before its first fetch), (monotonic time, bytes of
+    remote records so far) after each poll, and the largest throttle time librdkafka reported."""
 
+    started: float = 0.0
     progress: list[tuple[float, int]] = field(default_factory=list)
     throttle_ms: int = 0
 
@@ -107,6 +111,7 @@ def read_remote_part(bootstrap: str, t: Tiered, client_id: str, stop: threading.
                          "client.id": client_id, "enable.auto.commit": False, "statistics.interval.ms": 1000,
                          "stats_cb": stats, "queued.max.messages.kbytes": 4096})  # fmt: skip
     try:
+        out.started = time.monotonic()
         consumer.assign([TopicPartition(t.topic, 0, 0)])
         total = 0
         while not stop.is_set():
@@ -153,14 +158,14 @@ def test_a_client_over_its_quota_gets_the_quota_and_others_are_not_slowed(stack:
             time.sleep(12)
             stop_free.set()
             fast_thread.join(30)
-            wait_for(lambda: time.monotonic() > slow.first + WHOLE_WINDOWS + 1, 60, "three quota windows")
+            wait_for(lambda: time.monotonic() > slow.started + WHOLE_WINDOWS + 1, 60, "three quota windows")
             stop_limited.set()
             slow_thread.join(30)
         finally:
             configs(stack, "--alter", "--entity-type", "clients", "--entity-name", limited, "--delete-config",
                     "consumer_byte_rate")  # fmt: skip
         throttled_seconds = proxy.metrics.throttle_seconds._value.get()
-    limited_rate = slow.rate(slow.first, WHOLE_WINDOWS)
+    limited_rate = slow.rate(slow.started, WHOLE_WINDOWS)
     free_rate = fast.rate(fast.first + 1, 10)
     print(f"limited {limited_rate / 1e6:.2f} MB/s (max throttle {slow.throttle_ms} ms), free {free_rate / 1e6:.2f} "
           f"MB/s (max throttle {fast.throttle_ms} ms), throttled {throttled_seconds:.1f} s in all")  # fmt: skip
