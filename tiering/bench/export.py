@@ -7,7 +7,9 @@ then one SparkSession (local[2]) writes Parquet with the same settings from
 through its consumer protocol), both over offsets ``[0, stable end]``, each side ``--rounds`` times,
 interleaved, then into Spark's ``noop`` sink (the sources alone: Parquet writing costs both sides the
 same and hides the difference between them). A small read of each warms the JVM and the Python workers
-first. Also reported: our reader alone (segments from S3 to Arrow on the read core an executor uses, one
+first. The source-alone rounds have a third side, the floor of Spark's Python data source path
+(``tiering.bench.source_floor``: the same rows already decoded, so its speed bounds any Python data
+source's). Also reported: our reader alone (segments from S3 to Arrow on the read core an executor uses, one
 decoding thread with its window read ahead, no Spark), which bounds what the data source can do per core.
 """
 
@@ -44,6 +46,7 @@ from tiering_core.produce import produce_waiting
 from tiering_core.schema_registry import schemas_from_topic
 
 PARTITIONS = 2
+FLOOR_SIDE = "python-source-floor"
 
 
 ORDER = {
@@ -141,7 +144,10 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     jobs) and `source_ratio` (the same for the sources alone); `mb_s` counts the Kafka log bytes of the
     exported range (compressed, as stored), `record_mb_s` the key and value bytes of the exported records,
     the same on both sides; `decoder` names the record decoder (native or python, see
-    tiering_core.formats.native). Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
+    tiering_core.formats.native). A third side in the source-alone rounds, `python-source-floor`, is a Python
+    data source that yields the same rows already decoded (Arrow batches from a memory-mapped file): the
+    most any Python data source reaches in the session, so `source_ratio_ceiling` (its rows/s / the Kafka
+    source's) bounds `source_ratio`. Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
     from reader.listing import UnknownTopic
     from reader.spark.export import KAFKA_COLUMNS
@@ -151,6 +157,8 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     from reader.spark.session import export_session
     from reader.spark.slices import read_slices, slice_reader
     from reader.spark.source import plan, shared_store
+    from tiering.bench.source_floor import NAME as FLOOR
+    from tiering.bench.source_floor import FloorSource, write_floor
     from tiering_core.formats.native import DECODER
 
     with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
@@ -176,33 +184,41 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
             decoded = sum(b.num_rows for b in read_slices(reader, slices))
         decode_seconds = time.perf_counter() - started
+        floor_paths, floor_rows = [], 0  # the same rows decoded ahead, a file per Kafka partition (ours: a task each)
+        for p in sorted({s.partition for s in slices}):
+            floor_paths.append(str(Path(tmp) / f"floor-{p}.arrow"))
+            with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
+                floor_rows += write_floor(Path(floor_paths[-1]), read_slices(
+                    reader, [s for s in slices if s.partition == p], max_rows=opts.max_rows_per_batch))  # fmt: skip
 
         spark = export_session("local[2]", spark_jars(), app_name="tiering bench export")
+        spark.dataSource.register(FloorSource)
         loaders = {
             "spark-kafka": lambda: spark.read.format("kafka").option("kafka.bootstrap.servers", endpoints.bootstrap)
             .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
             .option("endingOffsets", json.dumps(ending)).load(),
             "ours": lambda: spark.read.format("kafka_tiered").options(**options)
             .option("endingOffsets", json.dumps(ending)).load(),
+            FLOOR_SIDE: lambda: spark.read.format(FLOOR).option("paths", ",".join(floor_paths)).load(),
         }  # fmt: skip
         sides = loaders
         if avro:
             schemas = schemas_from_topic(endpoints.bootstrap, {}, f"{topic}-schemas").versions(f"{topic}-value")
             sides = {
                 "spark-kafka": lambda: _from_avro(loaders["spark-kafka"]()),
-                "ours": lambda: decode_registry_avro(loaders["ours"](), "value", f"{topic}-value", schemas,
-                                                     set(KAFKA_COLUMNS)),
+                **{side: lambda side=side: decode_registry_avro(loaders[side](), "value", f"{topic}-value", schemas,
+                                                                set(KAFKA_COLUMNS)) for side in ("ours", FLOOR_SIDE)},
             }  # fmt: skip
         for make in sides.values():  # warm-up: JVM, Python workers, connections
             make().where("offset < 1000").write.mode("overwrite").parquet(f"{tmp}/warm")
-        timings: dict[str, list[float]] = {side: [] for side in sides}
+        timings: dict[str, list[float]] = {side: [] for side in sides if side != FLOOR_SIDE}
         source_only: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):  # interleaved, so load on the machine and JIT warm-up hit both sides alike
-            for side, make in sides.items():
+            for side in timings:
                 out = Path(tmp) / side
                 shutil.rmtree(out, ignore_errors=True)
                 started = time.perf_counter()
-                make().write.parquet(str(out))
+                sides[side]().write.parquet(str(out))
                 timings[side].append(time.perf_counter() - started)
         for _ in range(rounds):  # the source alone: every column of every row read, nothing written
             for side, make in sides.items():
@@ -210,7 +226,7 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
                 make().write.format("noop").mode("overwrite").save()
                 source_only[side].append(time.perf_counter() - started)
         results = {}
-        for side in sides:
+        for side in timings:
             rows, parquet_bytes, payload = _parquet_rows(Path(tmp) / side)
             seconds, alone = min(timings[side]), min(source_only[side])
             results[side] = {"side": side, "rows": rows, "seconds": round(seconds, 2),
@@ -221,17 +237,25 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
                              "source_all_seconds": [round(t, 2) for t in source_only[side]],
                              "source_rows_per_s": round(rows / alone)}  # fmt: skip
             click.echo(json.dumps(results[side]))
+        alone = min(source_only[FLOOR_SIDE])
+        results[FLOOR_SIDE] = {"side": FLOOR_SIDE, "rows": floor_rows, "source_seconds": round(alone, 2),
+                               "source_all_seconds": [round(t, 2) for t in source_only[FLOOR_SIDE]],
+                               "source_rows_per_s": round(floor_rows / alone)}  # fmt: skip
+        click.echo(json.dumps(results[FLOOR_SIDE]))
         spark.stop()
-        ours, theirs = results["ours"], results["spark-kafka"]
-        if ours["rows"] != theirs["rows"]:
+        ours, theirs, floor = results["ours"], results["spark-kafka"], results[FLOOR_SIDE]
+        if not ours["rows"] == theirs["rows"] == floor["rows"]:
             raise click.ClickException(
-                f"the two sides exported different row counts: {ours['rows']} vs {theirs['rows']}"
+                f"the sides exported different row counts: ours {ours['rows']}, Spark's Kafka source "
+                f"{theirs['rows']}, the Python source floor {floor['rows']}"
             )
         click.echo(json.dumps({
             "ratio": round(ours["rows_per_s"] / theirs["rows_per_s"], 3), "decoder": DECODER,
             "source_ratio": round(ours["source_rows_per_s"] / theirs["source_rows_per_s"], 3),
             "ours_source_rows_per_s": ours["source_rows_per_s"],
             "spark_kafka_source_rows_per_s": theirs["source_rows_per_s"],
+            "python_source_floor_rows_per_s": floor["source_rows_per_s"],
+            "source_ratio_ceiling": round(floor["source_rows_per_s"] / theirs["source_rows_per_s"], 3),
             "ours_rows_per_s": ours["rows_per_s"], "ours_mb_s": ours["mb_s"], "ours_record_mb_s": ours["record_mb_s"],
             "spark_kafka_rows_per_s": theirs["rows_per_s"], "spark_kafka_mb_s": theirs["mb_s"],
             "spark_kafka_record_mb_s": theirs["record_mb_s"],
