@@ -11,6 +11,7 @@ import pytest
 
 from reader.errors import RemoteDataCorrupt, RemoteObjectMissing
 from reader.listing import choose_copies, split_topic_dir
+from reader.spark.columns import _repeat_string
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput
 from reader.spark.slices import SegmentSlice, SlicePack, decode_slice, pack_slices, read_slices, slice_reader
@@ -81,6 +82,15 @@ def test_slice_decodes_every_codec_and_drops_aborted_and_markers(window: int) ->
     batches = list(decode_slice(part, windows_of(data, window), max_rows=100))
     assert _rows(batches) == _expected(data, dropped)
     assert all(b.num_rows <= 150 + 100 for b in batches)
+
+
+def test_the_topic_column_names_every_row_over_batches_of_any_size() -> None:
+    """The topic column's offsets are built once per name length and shared by later batches (reader.spark.columns):
+    a larger batch after a smaller one, a smaller after a larger, and another name of the same length each get
+    their own name on every row and no more rows."""
+    for topic, n in (("orders", 3), ("orders", 70_000), ("events", 5), ("events", 0), ("o", 65_536), ("orders", 1)):
+        column = _repeat_string(topic, n)
+        assert len(column) == n and column.to_pylist() == [topic] * n
 
 
 def _read(store: FileSystemStore, part: SegmentSlice) -> list[pa.RecordBatch]:
