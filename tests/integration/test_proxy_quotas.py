@@ -6,7 +6,7 @@ through the proxy over and over (back to 0 at the remote end). With ``consumer_b
 client id, that client gets 5 MB/s, measured from its side over three whole quota windows from before its
 first fetch (33 s of Kafka's 11 samples of 1 s). Within that span Kafka's rate lets the bytes come in bursts
 of about a window's worth (55 MB) each time the oldest sample expires, 11 s or more apart, the first at the
-first fetch: a span starting at the first bytes instead can end just after the fourth burst began and count
+first fetch: a span starting at the first bytes instead can end just after a fourth burst began and count up to
 a third too much, or miss part of the first and count too little, so the span starts when the client does.
 A second client without a quota reads at the same time, unthrottled and far faster. Before any quota is set,
 no answer is throttled.
