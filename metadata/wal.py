@@ -401,7 +401,10 @@ class MetadataWal:
         reset when a topic is re-created under a consumer, so a follower asks now and then. When Kafka
         does not answer, nothing can be told: the next check asks again."""
         try:
-            described = self._admin().describe_topics(TopicCollection([self.topic]))[self.topic].result(5)
+            # both requests end when their answers are given up on: a request left to librdkafka's default
+            # timeout (socket.timeout.ms, 60 s) stays queued for a dead broker after the check has moved on
+            asked = self._admin().describe_topics(TopicCollection([self.topic]), request_timeout=5)
+            described = asked[self.topic].result(5)
             topic_id = topic_id_str(topic_id_bytes(str(described.topic_id)))
             wanted = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in expected}
             futures = self._admin().list_offsets(wanted, request_timeout=5)

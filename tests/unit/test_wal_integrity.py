@@ -27,7 +27,7 @@ class _Admin:
     def __init__(self, topic_id: str, ends: dict[int, int], failing: bool = False) -> None:
         self.topic_id, self.ends, self.failing = topic_id, ends, failing
 
-    def describe_topics(self, topics: Any) -> dict[str, Future]:
+    def describe_topics(self, topics: Any, request_timeout: float) -> dict[str, Future]:
         if self.failing:
             raise RuntimeError("broker unreachable")
         return {"wal": _done(SimpleNamespace(topic_id=self.topic_id))}
