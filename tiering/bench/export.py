@@ -145,9 +145,10 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     exported range (compressed, as stored), `record_mb_s` the key and value bytes of the exported records,
     the same on both sides; `decoder` names the record decoder (native or python, see
     tiering_core.formats.native). A third side in the source-alone rounds, `python-source-floor`, is a Python
-    data source that yields the same rows already decoded (Arrow batches from a memory-mapped file): the
-    most any Python data source reaches in the session, so `source_ratio_ceiling` (its rows/s / the Kafka
-    source's) bounds `source_ratio`. Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
+    data source that yields the same rows already decoded (Arrow batches from a memory-mapped file, as many
+    rows per batch as ours): what a Python data source reaches in the session when it only hands over
+    batches, so `source_ratio_ceiling` (its rows/s / the Kafka source's) bounds `source_ratio`.
+    Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
     from reader.listing import UnknownTopic
     from reader.spark.export import KAFKA_COLUMNS

@@ -5,9 +5,9 @@ goes through Spark's part of that path. Spark writes each Arrow batch the reader
 worker to the JVM, which turns it into rows (``PythonPartitionReaderFactory``: row reads only, no columnar
 reads). ``format("tiering_bench_floor")`` is a Python data source that does nothing else: it yields the
 same rows as ``kafka_tiered``, already decoded, as Arrow batches from a memory-mapped IPC file (one file
-per input partition, as ``kafka_tiered`` plans one task per Kafka partition here). Its speed is the most
-that any Python data source can reach in that session, so its ratio to Spark's Kafka source bounds
-``source_ratio``.
+per input partition, as ``kafka_tiered`` plans one task per Kafka partition here; as many rows per batch as
+``kafka_tiered`` yields). Its speed is what a Python data source reaches in that session when it only hands
+over batches, so its ratio to Spark's Kafka source bounds ``source_ratio``.
 """
 
 from __future__ import annotations
