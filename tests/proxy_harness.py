@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from deploy.procs import free_port
 from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_proxy
+from tests.conftest import create_topic
 from tests.sidecar_harness import Produced
 
 
@@ -54,6 +56,37 @@ def read_all(bootstrap: str, topic: str, ends: dict[int, int], timeout: float = 
         raise AssertionError(f"not at the end after {timeout}s: {[(p, len(got[p])) for p in ends]}")
     finally:
         consumer.close()
+
+
+def random_topic(bootstrap: str, partitions: int, per_partition: int,
+                 text: bool = False) -> tuple[str, dict[int, dict[int, tuple]]]:  # fmt: skip
+    """A new topic of ``partitions`` partitions, ``per_partition`` records of 0-3 KiB of random bytes each (every
+    byte value; ``text``: their hex digits, for readers that print text), lz4, nothing tiered; the topic and its
+    records by partition and offset."""
+    topic = create_topic(bootstrap, partitions=partitions)
+    produced: dict[int, dict[int, tuple]] = {p: {} for p in range(partitions)}
+    rng = random.Random(7)
+
+    def report(record: tuple) -> object:
+        def done(err: KafkaError | None, msg: Message) -> None:
+            assert err is None, f"delivery failed: {err}"
+            produced[msg.partition()][msg.offset()] = record
+
+        return done
+
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "lz4", "linger.ms": 20})
+    for n in range(partitions * per_partition):
+        value = rng.randbytes(rng.randrange(0, 3072))
+        record = (f"k{n}".encode(), value.hex().encode() if text else value, [])
+        while True:
+            try:
+                producer.produce(topic, key=record[0], value=record[1], partition=n % partitions,
+                                 on_delivery=report(record))  # fmt: skip
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0
+    return topic, produced
 
 
 def check_exact(offsets_and_records: list[tuple[int, tuple]], want: Produced) -> None:

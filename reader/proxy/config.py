@@ -172,6 +172,19 @@ class ProxyListen(BaseModel):
         "its pages are the answer's, counted in answer_buffer_bytes like any answer received); an answer that "
         "finds none is buffered.",
     )  # fmt: skip
+    fetch_ahead: bool = Field(
+        default=True,
+        description="When a pass-through Fetch answer shows more data waiting, ask the broker at once, on the "
+        "client's connection, for the Fetch the client will send next, and give the client that answer when its "
+        "next Fetch is byte for byte the one predicted (reader/proxy/fetch_ahead.py): the broker's read overlaps "
+        "the client's decoding instead of waiting for it. A wrong guess costs one answer the broker read.",
+    )  # fmt: skip
+    fetch_ahead_max_age_seconds: float = Field(
+        default=0.1, gt=0,
+        description="A Fetch answer asked ahead is given to the client only this soon after the broker gave it "
+        "(older, it is dropped and the client's Fetch goes to the broker): an ACL removed or data deleted in the "
+        "meantime is in force after at most this long, as if the request had taken that long on the network.",
+    )  # fmt: skip
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics on this port (host as above); none if unset."
     )

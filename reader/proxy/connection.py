@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import struct
 import time
 from collections.abc import Callable
@@ -32,12 +33,15 @@ from typing import Any
 
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
+from reader.proxy.fetch import FETCH
+from reader.proxy.fetch_ahead import FetchAhead, NextFetch, next_fetch
 from reader.proxy.frames import FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
-from reader.proxy.protocol import can_parse, peek_request
+from reader.proxy.protocol import can_parse, peek_request, response_body_start
 from reader.proxy.services import ProxyServices
 from reader.proxy.slots import Request, Slot
 from reader.proxy.splice import Relay
+from reader.proxy.wire import ProtocolError
 from tiering_core.errors import TieringError
 from tiering_core.logs import get_logger
 
@@ -101,6 +105,12 @@ class ClientConnection:
         self.throttled_until = 0.0  # monotonic time until which a client over its quota is not read (KIP-219)
         self.fetch_allowed: set[Any] = set()  # topic keys whose remote reads may start before the broker answers
         self.remote_held = 0  # answer budget bytes taken for this connection's remote answers not yet out
+        s = self.settings
+        self.fetch_ahead = (
+            FetchAhead(s.fetch_ahead_max_age_seconds, server.metrics.fetch_ahead) if s.fetch_ahead else None
+        )
+        self.asking: asyncio.Task[None] | None = None  # a Fetch being asked ahead (``_ask_ahead``)
+        self.order = asyncio.Lock()  # a request is forwarded and its slot queued in one step, whoever asks it
         sock = writer.get_extra_info("socket")
         plain = sock is not None and writer.get_extra_info("sslcontext") is None
         self.client_fd = sock.fileno() if plain else None  # answers may be spliced to it (splice.py)
@@ -124,8 +134,11 @@ class ClientConnection:
             self.server.metrics.closed_bad.labels("bug").inc()
             log.error("client connection closed by an unexpected error", client=self.peer, exc_info=True)
         finally:
-            for task in tasks:
-                task.cancel()
+            for task in (*tasks, self.asking):
+                if task is not None:
+                    task.cancel()
+            if self.fetch_ahead is not None:
+                self.fetch_ahead.close()
             if self.upstream is not None:
                 self.upstream.close()
             self.server.answers.release(self.remote_held)
@@ -145,12 +158,13 @@ class ClientConnection:
                 return
             if (mute := self.throttled_until - time.monotonic()) > 0:  # as the broker mutes a throttled channel
                 await asyncio.sleep(mute)
-            try:
-                slot = await self._route(frame)
-            finally:
-                self.server.requests.release(len(frame))  # forwarded (or the connection is closing)
-            if slot is not None:
-                await self.slots.put(slot)
+            async with self.order:
+                try:
+                    slot = await self._route(frame)
+                finally:
+                    self.server.requests.release(len(frame))  # forwarded (or the connection is closing)
+                if slot is not None:
+                    await self.slots.put(slot)
 
     def _max_frame(self) -> int:
         """Kafka's sasl.server.max.receive.size until the connection has authenticated, then max_frame_bytes."""
@@ -201,6 +215,14 @@ class ClientConnection:
             if not self.auth.done and answer is not None:
                 self.auth.answered(slot.api_key, slot.version, answer)
             out = await slot.finish(answer) if slot.finish is not None else None
+            if slot.ahead is not None:  # asked ahead of the client: held for its next Fetch, not written
+                assert answer is not None and self.upstream is not None
+                slot.ahead.arrived(answer if out is None else None, functools.partial(self.upstream.done, len(answer)))
+                continue
+            if slot.next is not None:
+                plain = answer if out is None else (out[4:] if slot.served is not None else None)  # type: ignore[index]
+                if plain is not None:
+                    self._ask_ahead(slot.next, plain)
             if out is None:
                 assert answer is not None
                 writer.write(sized(answer))
@@ -213,17 +235,51 @@ class ClientConnection:
             await self._drain()
             if answer is not None:
                 self.upstream.done(len(answer))  # type: ignore[union-attr]
+            if slot.served is not None:
+                slot.served.free()
             if slot.held:
                 self.server.answers.release(slot.held)
                 self.remote_held -= slot.held
             self.server.metrics.answered(slot.api_key, slot.source, size, time.perf_counter() - slot.started)
 
+    # -- fetch ahead (fetch_ahead.py) -------------------------------------------------------------
+    def _ask_ahead(self, request: NextFetch, answer: memoryview) -> None:
+        """Ask the broker now for the Fetch the client will send next if ``answer`` (to ``request``) shows
+        more data waiting."""
+        assert self.fetch_ahead is not None
+        if self.throttled_until > time.monotonic() or (self.asking is not None and not self.asking.done()):
+            return
+        try:
+            frame = next_fetch(request, answer, response_body_start(answer, FETCH, request.version))
+        except ProtocolError:
+            return  # the client's own request goes to the broker, as without fetch ahead
+        if frame is not None:
+            self.asking = asyncio.create_task(self._send_ahead(frame, request, self.fetch_ahead.routed))
+
+    async def _send_ahead(self, frame: bytes, request: NextFetch, routed: int) -> None:
+        assert self.fetch_ahead is not None
+        async with self.order:
+            asked = self.fetch_ahead.ask(frame, request, routed)
+            if asked is None:
+                return
+            ahead, send = asked
+            (correlation_id,) = _SIZE.unpack_from(send, 4)
+            req = Request(send, FETCH, request.version, correlation_id, time.perf_counter(), ahead=True)
+            slot = await handler_for(FETCH, request.version)(self, req)
+            assert slot is not None
+            slot.ahead = ahead
+            await self.slots.put(slot)
+            self.fetch_ahead.held = ahead  # queued: the client's next Fetch may claim it
+
     # -- zero-copy pass-through (splice.py) ------------------------------------------------------
     def _unread_up_to(self, slot: Slot) -> int:
         """How large an answer of ``slot`` may be to go through a pipe rather than a buffer (splice.py): any
         pass-through Fetch answer on plain sockets once the connection authenticated (the SASL exchange reads
-        its answers); 0: it is received into a buffer."""
+        its answers), unless the proxy reads it to ask the next Fetch ahead or holds it; 0: it is received
+        into a buffer."""
         if self.server.pipes is None or slot.gate is None or not self.auth.done or self.client_fd is None:
+            return 0
+        if slot.next is not None or slot.ahead is not None:
             return 0
         return UNREAD_UP_TO
 

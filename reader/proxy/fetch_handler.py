@@ -16,6 +16,7 @@ from typing import Any
 from kio.static.primitive import i32
 
 from reader.proxy.fetch import FETCH, FetchPlan
+from reader.proxy.fetch_ahead import Ahead, NextFetch, served
 from reader.proxy.fetch_answer import encode_fetch_answer
 from reader.proxy.fetch_request import patched_fetch_request
 from reader.proxy.fetch_scan import scan_fetch
@@ -36,6 +37,8 @@ async def fetch(x: Exchange, req: Request) -> Slot:
     partition, the answer merged (fetch.py)."""
     frame, version, correlation_id, started = req.frame, req.version, req.correlation_id, req.started
     server = x.server
+    if x.fetch_ahead is not None and not req.ahead and (held := await x.fetch_ahead.claim(frame)) is not None:
+        return _serve_held(req, held)
     turns = server.fetch_turns
     loop = asyncio.get_running_loop()
     sent = False
@@ -117,6 +120,21 @@ async def fetch(x: Exchange, req: Request) -> Slot:
 
     source = "remote" if plan.remote else "broker"
     slot = Slot(FETCH, version, correlation_id, started, True, finish, source, gate=gate)
+    if gate is not None and x.fetch_ahead is not None and not req.ahead:
+        slot.next = NextFetch(frame, head.body, version)
+    return slot
+
+
+def _serve_held(req: Request, held: Ahead) -> Slot:
+    """A client Fetch answered with the answer of the Fetch asked ahead for it (fetch_ahead.py)."""
+    answer = held.answer.result()
+    assert answer is not None
+
+    async def finish(_answer: memoryview | None) -> Answer:
+        return served(answer, req.correlation_id)
+
+    slot = Slot(FETCH, req.version, req.correlation_id, req.started, False, finish, served=held)
+    slot.next = NextFetch(req.frame, read_request_head(req.frame).body, req.version)
     return slot
 
 

@@ -1,17 +1,20 @@
 """The Fetch request for the broker written over the client's bytes instead of encoded again.
 
 What the proxy changes in a client's Fetch (``FetchPlan.make``: probes, holes, the sessionless request,
-``max_wait`` 0 with remote partitions, ``max_bytes`` within the room) are fixed-size fields: offsets, sizes,
-the session id and epoch, the wait. Encoding the whole request again with ``kio`` cost about 0.5 ms per
-Fetch (profiled: the largest part of the proxy's own work per remote answer after the socket calls); the
-same bytes come from a copy of the client's frame with those fields written in place. A request whose
-layout the proxy changes (forgotten topics of a fetch session dropped, a topic left out) is encoded again.
+``max_wait`` 0 with remote partitions, ``max_bytes`` within the room; the next fetch asked ahead,
+``fetch_ahead.py``) are fixed-size fields: offsets, sizes, the session id and epoch, the wait. Encoding the
+whole request again with ``kio`` cost about 0.5 ms per Fetch (profiled: the largest part of the proxy's own
+work per remote answer after the socket calls); the same bytes come from a copy of the client's frame with
+those fields written in place, at the positions one walk of the request (``fetch_layout``) finds. A request
+whose layout the proxy changes (forgotten topics of a fetch session dropped, a topic left out) is encoded
+again.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
+import uuid
+from typing import Any, NamedTuple
 
 from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length
 
@@ -19,60 +22,101 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 
 
+class PartitionAt(NamedTuple):
+    """Where a partition's fields are in a Fetch request (``epoch`` -1 before v12: no last_fetched_epoch)."""
+
+    topic: str | uuid.UUID  # the name (v4-12) or the id (v13+)
+    partition: int
+    offset: int  # fetch_offset (int64)
+    epoch: int  # last_fetched_epoch (int32)
+    max_bytes: int  # partition_max_bytes (int32)
+
+
+class FetchLayout(NamedTuple):
+    """Where the fields the proxy writes are in a Fetch request frame."""
+
+    max_wait: int  # max_wait_ms (int32); min_bytes and max_bytes follow it
+    session: int  # session_id and session_epoch (int32 each), -1 before v7
+    topics: list[list[PartitionAt]]
+    forgotten: int  # how many forgotten topics (v7+; 0 before)
+
+
+def fetch_layout(frame: bytes | bytearray | memoryview, start: int, version: int) -> FetchLayout:
+    """The positions of a Fetch request's fields, its body at ``start``. Raises ProtocolError on a frame that
+    does not read as a Fetch request of ``version``."""
+    try:
+        return _layout(frame, start, version)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"a Fetch v{version} request ends or breaks inside its fields: {exc}") from None
+
+
+def _layout(frame: bytes | bytearray | memoryview, pos: int, version: int) -> FetchLayout:
+    flexible = version >= 12
+    if version <= 14:
+        pos += 4  # replica_id
+    max_wait = pos
+    pos += 13  # max_wait, min_bytes, max_bytes, isolation_level
+    session = -1
+    if version >= 7:
+        session = pos
+        pos += 8
+    count, pos = array_length(frame, pos, flexible)
+    topics: list[list[PartitionAt]] = []
+    for _ in range(count):
+        topic: str | uuid.UUID
+        if version >= 13:
+            topic = uuid.UUID(bytes=bytes(frame[pos : pos + 16]))
+            pos += 16
+        else:
+            size, pos = string_length(frame, pos, flexible)
+            topic = bytes(frame[pos : pos + size]).decode()
+            pos += size
+        partitions: list[PartitionAt] = []
+        count, pos = array_length(frame, pos, flexible)
+        for _ in range(count):
+            (index,) = _I32.unpack_from(frame, pos)
+            pos += 8 if version >= 9 else 4  # partition, current_leader_epoch
+            offset, epoch = pos, -1
+            pos += 8
+            if version >= 12:
+                epoch = pos
+                pos += 4
+            if version >= 5:
+                pos += 8  # log_start_offset
+            partitions.append(PartitionAt(topic, index, offset, epoch, pos))
+            _I32.unpack_from(frame, pos)
+            pos += 4
+            if flexible:
+                pos = skip_tagged_fields(frame, pos)
+        topics.append(partitions)
+        if flexible:
+            pos = skip_tagged_fields(frame, pos)
+    forgotten = array_length(frame, pos, flexible)[0] if version >= 7 else 0
+    return FetchLayout(max_wait, session, topics, forgotten)
+
+
 def patched_fetch_request(frame: bytes | memoryview, start: int, version: int, upstream: Any) -> bytes | None:
     """The request frame (header as received, body from ``start``) with ``upstream``'s values, or None when
     ``upstream`` does not have the client request's layout. Raises ProtocolError on a frame that does not
     read as a Fetch request of ``version``."""
-    try:
-        return _patch(frame, start, version, upstream)
-    except (struct.error, IndexError, ValueError) as exc:
-        raise ProtocolError(f"a Fetch v{version} request ends or breaks inside its fields: {exc}") from None
-
-
-def _patch(frame: bytes | memoryview, pos: int, version: int, upstream: Any) -> bytes | None:
-    flexible = version >= 12
+    layout = fetch_layout(frame, start, version)
+    forgotten = len(upstream.forgotten_topics_data) if version >= 7 else 0
+    if len(layout.topics) != len(upstream.topics) or layout.forgotten != forgotten:
+        return None  # a fetch session's forgotten topics are dropped (sessionless): the layout changes
     out = bytearray(frame)
-    if version <= 14:
-        pos += 4  # replica_id
-    _I32.pack_into(out, pos, int(upstream.max_wait.total_seconds() * 1000))
-    _I32.pack_into(out, pos + 8, int(upstream.max_bytes))  # after min_bytes
-    pos += 13  # max_wait, min_bytes, max_bytes, isolation_level
-    if version >= 7:
-        _I32.pack_into(out, pos, int(upstream.session_id))
-        _I32.pack_into(out, pos + 4, int(upstream.session_epoch))
-        pos += 8
-    count, pos = array_length(out, pos, flexible)
-    if count != len(upstream.topics):
-        return None
-    for topic in upstream.topics:
-        if version >= 13:
-            pos += 16
-        else:
-            size, pos = string_length(out, pos, flexible)
-            pos += size
-        count, pos = array_length(out, pos, flexible)
-        if count != len(topic.partitions):
+    _I32.pack_into(out, layout.max_wait, int(upstream.max_wait.total_seconds() * 1000))
+    _I32.pack_into(out, layout.max_wait + 8, int(upstream.max_bytes))  # after min_bytes
+    if layout.session >= 0:
+        _I32.pack_into(out, layout.session, int(upstream.session_id))
+        _I32.pack_into(out, layout.session + 4, int(upstream.session_epoch))
+    for at, topic in zip(layout.topics, upstream.topics, strict=True):
+        if len(at) != len(topic.partitions):
             return None
-        for p in topic.partitions:
-            (index,) = _I32.unpack_from(out, pos)
-            if index != int(p.partition):
+        for p_at, p in zip(at, topic.partitions, strict=True):
+            if p_at.partition != int(p.partition):
                 return None
-            pos += 8 if version >= 9 else 4  # partition, current_leader_epoch
-            _I64.pack_into(out, pos, int(p.fetch_offset))
-            pos += 8
-            if version >= 12:
-                _I32.pack_into(out, pos, int(p.last_fetched_epoch))
-                pos += 4
-            if version >= 5:
-                pos += 8  # log_start_offset
-            _I32.pack_into(out, pos, int(p.partition_max_bytes))
-            pos += 4
-            if flexible:
-                pos = skip_tagged_fields(out, pos)
-        if flexible:
-            pos = skip_tagged_fields(out, pos)
-    if version >= 7:
-        forgotten, _ = array_length(out, pos, flexible)
-        if forgotten != len(upstream.forgotten_topics_data):
-            return None  # a fetch session's forgotten topics are dropped (sessionless): the layout changes
+            _I64.pack_into(out, p_at.offset, int(p.fetch_offset))
+            if p_at.epoch >= 0:
+                _I32.pack_into(out, p_at.epoch, int(p.last_fetched_epoch))
+            _I32.pack_into(out, p_at.max_bytes, int(p.partition_max_bytes))
     return bytes(out)

@@ -57,15 +57,17 @@ class ScannedFetch(NamedTuple):
         return not self.error_code and not self.tagged and not any(p.error_code for p in self.partitions)
 
 
-def scan_fetch(frame: Buffer, version: int, start: int) -> ScannedFetch:
-    """The answer's partition headers, from ``start`` (its body), in a frame received whole. Raises
-    ProtocolError."""
+def scan_fetch(frame: Buffer, version: int, start: int, records_at: list[int] | None = None) -> ScannedFetch:
+    """The answer's partition headers, from ``start`` (its body), in a frame received whole; where each
+    partition's records begin appended to ``records_at``. Raises ProtocolError."""
     walk = fetch_walk(version, header=False)
     pos = start
     try:
         step = next(walk)
         while True:
             if isinstance(step, ScannedPartition):
+                if records_at is not None:
+                    records_at.append(pos)
                 pos += step.records
                 step = walk.send(None)
             else:

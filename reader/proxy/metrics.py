@@ -53,6 +53,12 @@ class ProxyMetrics:
             "a change (changed), or because the pipes ran out or the scan failed (buffered).", ("outcome",),
             registry=r,
         )  # fmt: skip
+        self.fetch_ahead = Counter(
+            "tiering_proxy_fetch_ahead", "Fetch requests asked of the broker ahead of the client, by what became of "
+            "them: served (the client's next Fetch was the one predicted), missed (it was another), stale (older "
+            "than fetch_ahead_max_age_seconds), unusable (the broker's answer needed a change).", ("outcome",),
+            registry=r,
+        )  # fmt: skip
         self.connections = Gauge("tiering_proxy_connections", "Client connections open now.", registry=r)
         self.refused = Counter(
             "tiering_proxy_connections_refused", "Client connections closed at once (max_connections reached).",

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from reader.proxy.authentication import Authentication
 from reader.proxy.config import ProxyListen
+from reader.proxy.fetch_ahead import Ahead, FetchAhead, NextFetch
 from reader.proxy.fetch_scan import ScannedFetch
 from reader.proxy.services import ProxyServices
 from reader.proxy.splice import Gate
@@ -38,6 +39,9 @@ class Slot:
     source: str = "broker"
     held: int = 0  # answer budget bytes taken for a remote answer, given back once it is out
     gate: FetchGate | None = None  # a Fetch answer the broker gives alone: may go on as it arrives (splice.py)
+    next: NextFetch | None = None  # a client's Fetch whose next one may be asked ahead (fetch_ahead.py)
+    ahead: Ahead | None = None  # a Fetch asked ahead: its answer is held, not written
+    served: Ahead | None = None  # the Fetch asked ahead whose held answer this slot writes
 
 
 @dataclass(slots=True)
@@ -47,6 +51,7 @@ class Request:
     version: int
     correlation_id: int
     started: float  # perf_counter when it was read
+    ahead: bool = False  # asked by the proxy ahead of the client (fetch_ahead.py), not by the client
 
 
 class Exchange(Protocol):
@@ -59,6 +64,7 @@ class Exchange(Protocol):
     throttled_until: float  # monotonic time until which a client over its quota is not read (KIP-219)
     fetch_allowed: set[Any]  # topic keys whose remote reads may start before the broker answers
     remote_held: int  # answer budget bytes taken for this connection's remote answers not yet out
+    fetch_ahead: FetchAhead | None  # the Fetch asked ahead of the client (None: fetch_ahead is off)
 
     async def forward(self, frame: bytes) -> None:
         """Send ``frame`` to the connection's broker (its answer is the next frame from it)."""

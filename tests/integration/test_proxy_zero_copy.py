@@ -6,18 +6,15 @@ turned off; and an offset the broker no longer has, rewritten in place and then 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
 
 from deploy.stack import Endpoints
-from tests.conftest import create_topic
 from tests.kafka_wire import RawKafka, batch_count, partition_errors
-from tests.proxy_harness import check_exact, kcat_consume, proxy_bootstrap, proxy_for, read_all
+from tests.proxy_harness import check_exact, kcat_consume, proxy_bootstrap, proxy_for, random_topic, read_all
 from tests.reader_harness import tiered_topic
 from tests.sidecar_harness import wait_for, write_config
 
@@ -29,29 +26,7 @@ PARTITIONS = 24
 def local_topic(stack: Endpoints) -> Iterator[tuple[str, dict[int, dict[int, tuple]]]]:
     """A topic of 24 partitions, about 1,200 records of 0-3 KiB of random bytes each (every byte value, lz4),
     nothing tiered; the records by partition and offset."""
-    topic = create_topic(stack.bootstrap, partitions=PARTITIONS)
-    produced: dict[int, dict[int, tuple]] = {p: {} for p in range(PARTITIONS)}
-    rng = random.Random(7)
-
-    def report(record: tuple) -> object:
-        def done(err: KafkaError | None, msg: Message) -> None:
-            assert err is None, f"delivery failed: {err}"
-            produced[msg.partition()][msg.offset()] = record
-
-        return done
-
-    producer = Producer({"bootstrap.servers": stack.bootstrap, "compression.type": "lz4", "linger.ms": 20})
-    for n in range(PARTITIONS * 1_200):
-        record = (f"k{n}".encode(), rng.randbytes(rng.randrange(0, 3072)), [])
-        while True:
-            try:
-                producer.produce(topic, key=record[0], value=record[1], partition=n % PARTITIONS,
-                                 on_delivery=report(record))  # fmt: skip
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(120) == 0
-    yield topic, produced
+    yield random_topic(stack.bootstrap, PARTITIONS, 1_200)
 
 
 @pytest.mark.parametrize("listen", [{}, {"zero_copy_pipes": 1}, {"zero_copy": False}], ids=["pipes", "one-pipe", "off"])
@@ -61,7 +36,7 @@ def test_many_consumers_read_every_partition_byte_for_byte_through_the_pipes(
     topic, produced = local_topic
     ends = {p: max(records) + 1 for p, records in produced.items()}
     config = write_config(stack, tmp_path, broker=1)
-    with proxy_for(config, stack.bootstrap, **listen) as proxy:
+    with proxy_for(config, stack.bootstrap, fetch_ahead=False, **listen) as proxy:  # fetch ahead reads answers in
         bootstrap = proxy_bootstrap(proxy)
         with ThreadPoolExecutor(5) as pool:
             readers = [pool.submit(read_all, bootstrap, topic, ends) for _ in range(4)]

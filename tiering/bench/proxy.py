@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import click
 import psutil
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.bench_stack import bench_stack, stack_dir_option
 from deploy.kroxylicious import start_kroxylicious
@@ -46,9 +48,9 @@ class ProxyProcess:
     """``tiering proxy serve`` in a child process; its CPU seconds and peak RSS sampled."""
 
     def __init__(self, config: Path, node_ids: list[int]) -> None:
-        self.port = free_port()
+        self.port, self.metrics_port = free_port(), free_port()
         settings = yaml.safe_load(config.read_text())
-        settings["proxy"] = {"bootstrap_port": self.port, "broker_port_base": None,
+        settings["proxy"] = {"bootstrap_port": self.port, "broker_port_base": None, "metrics_port": self.metrics_port,
                              "broker_ports": {n: free_port() for n in node_ids}}  # fmt: skip
         self.config = config.with_name(f"proxy-{self.port}.yaml")
         self.config.write_text(yaml.safe_dump(settings))
@@ -85,6 +87,14 @@ class ProxyProcess:
 
     def cpu_seconds(self) -> float:
         return self.sampler.cpu_seconds()
+
+    def fetch_ahead(self) -> dict[str, float]:
+        """The proxy's Fetch requests asked ahead so far, by outcome (``tiering_proxy_fetch_ahead_total``)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
+                if family.name == "tiering_proxy_fetch_ahead" for sample in family.samples
+                if sample.name.endswith("_total")}  # fmt: skip
 
     def close(self) -> None:
         self.sampler.stop()
@@ -191,6 +201,7 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, st
             "first_remote_record_ms": {str(k): r["first_remote_record_ms"] for k, r in summary.items()},
             "store_cpu_s_per_gb": {str(k): r["store_cpu_s_per_gb"] for k, r in summary.items()},
             "proxy_peak_rss_mb": round(proxy.peak / (1 << 20), 1),
+            "fetch_ahead": {str(k): r["fetch_ahead"] for k, r in summary.items()},
         }
         if reference is not None:
             theirs = {s: r["kroxylicious"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
@@ -227,13 +238,18 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
     cpu: dict[str, list[float]] = {side: [] for side in cpu_of}
     store_cpu: list[float] = []
     first_ms: list[float] = []
+    ahead: dict[str, dict[str, float]] = {"remote": {}, "passthrough": {}}  # Fetch asked ahead, by outcome
     for n in range(rounds):
         for side, (topic, server) in via.items():
+            asked = proxy.fetch_ahead() if side in ahead else {}
             before = cpu_of[side]() if side in cpu_of else 0.0
             store_before = _cpu(store)
             r = _read(server, topic, count, config)
             if side in cpu_of:
                 cpu[side].append((cpu_of[side]() - before) / (r["bytes"] / 1e9))
+            if side in ahead:
+                for outcome, total in proxy.fetch_ahead().items():
+                    ahead[side][outcome] = ahead[side].get(outcome, 0) + total - asked.get(outcome, 0)
             if side == "remote":
                 store_cpu.append((_cpu(store) - store_before) / (r["bytes"] / 1e9))
                 first_ms.append(r["first_record_ms"])
@@ -254,4 +270,5 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
         out["kroxylicious_cpu_s_per_gb"] = round(statistics.median(cpu["kroxylicious"]), 2)
     out["store_cpu_s_per_gb"] = round(statistics.median(store_cpu), 2)
     out["first_remote_record_ms"] = round(first_ms[0], 1)  # the first round: the partition is cold
+    out["fetch_ahead"] = {side: {k: int(v) for k, v in outcomes.items()} for side, outcomes in ahead.items()}
     return out

@@ -1,0 +1,195 @@
+"""Fetch ahead: the next Fetch of a client that reads on, asked of the broker before the client asks it.
+
+A consumer keeps one Fetch per broker in flight: it asks, waits for the answer, decodes it, asks again. Straight
+from the broker a cycle is the broker's answer and the client's decoding one after the other; through a proxy
+every hop the proxy adds lengthens each cycle, and the consumer's rate is one answer per cycle
+(docs/design.md, "Fetch ahead"). What the client asks next is known once its answer is: the same request with
+each partition's fetch offset past the last whole batch of the answer (every Kafka client moves its position
+to the batch's last offset + 1, and sends that batch's leader epoch as ``last_fetched_epoch``). So when an
+answer shows more data waiting (a partition's high watermark, or last stable offset for read_committed,
+beyond what it gave), the proxy sends that request to the broker at once, on the client's own connection (the
+broker authenticates and authorises it as the client's), with ``max_wait`` 0, and holds the answer. When the
+client's next Fetch arrives and is byte for byte the request predicted (the correlation id aside) and the
+answer is at most ``fetch_ahead_max_age_seconds`` old, it gets the held answer under its correlation id; the
+broker's reading and the client's decoding then overlap instead of taking turns. Anything else (another
+request, a seek, a partition added or paused, an answer with an error, a throttle or no records, too old) drops
+the held answer and the client's request goes to the broker as always: a wrong guess costs one answer the
+broker read, never a wrong answer.
+
+At most one Fetch is asked ahead per connection; its answer is held in the answer budget like any answer
+received (``frames.py``), and given back when it is served or dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from prometheus_client import Counter
+
+from reader.proxy.fetch_request import fetch_layout
+from reader.proxy.fetch_scan import scan_fetch
+from reader.proxy.frames import sized
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_BATCH_HEAD = struct.Struct(">qiib")  # base_offset, batch_length, partition_leader_epoch, magic
+_LAST_OFFSET_DELTA = 23  # after base_offset, batch_length, partition_leader_epoch, magic, crc, attributes
+_BATCH_HEAD_SIZE = 61  # a record batch's header (magic 2)
+READ_COMMITTED = 1
+
+
+class NextFetch(NamedTuple):
+    """A client's Fetch request, kept to ask its next one ahead."""
+
+    frame: bytes
+    start: int  # where its body begins
+    version: int
+
+
+def next_fetch(request: NextFetch, answer: memoryview, start: int) -> bytes | None:
+    """The Fetch frame the client sends next if it reads on from ``answer`` (the broker's answer to
+    ``request``, its body at ``start``): ``request`` with each partition that got records at the end of its
+    last whole batch (and that batch's leader epoch as ``last_fetched_epoch`` where the client sends one).
+    None when the answer gives no reason to ask ahead: an error, a throttle, no records, or no partition with
+    more data waiting (the broker would hold the request for ``max_wait``). Raises ProtocolError on an answer
+    or request that does not read."""
+    if _I32.unpack_from(answer, start)[0]:  # throttle_time_ms: the client backs off first
+        return None
+    records_at: list[int] = []
+    scan = scan_fetch(answer, request.version, start, records_at)
+    if not scan.plain:
+        return None
+    layout = fetch_layout(request.frame, request.start, request.version)
+    read_committed = request.frame[layout.max_wait + 12] == READ_COMMITTED
+    ends: dict[tuple[object, int], tuple[int, int]] = {}
+    more = False
+    for part, at in zip(scan.partitions, records_at, strict=True):
+        end = last_batch_end(answer, at, part.records)
+        if end is None:
+            continue
+        ends[(part.topic, part.partition)] = end
+        bound = part.last_stable_offset if read_committed and part.last_stable_offset >= 0 else part.high_watermark
+        more = more or bound > end[0]
+    if not more:
+        return None
+    out = bytearray(request.frame)
+    for partitions in layout.topics:
+        for at in partitions:
+            end = ends.get((at.topic, at.partition))
+            if end is None:
+                continue
+            _I64.pack_into(out, at.offset, end[0])
+            if at.epoch >= 0 and _I32.unpack_from(out, at.epoch)[0] >= 0:  # a client that sends none keeps -1
+                _I32.pack_into(out, at.epoch, end[1])
+    return bytes(out)
+
+
+def last_batch_end(buf: memoryview, pos: int, size: int) -> tuple[int, int] | None:
+    """(the offset after the last whole record batch, its leader epoch) of the ``size`` bytes of records at
+    ``pos``; None without a whole batch (a partial batch at the end is one the client skips too) or with a
+    message set older than magic 2."""
+    end, last = pos + size, None
+    while pos + _BATCH_HEAD_SIZE <= end:
+        base, length, epoch, magic = _BATCH_HEAD.unpack_from(buf, pos)
+        if magic != 2:
+            return None
+        if pos + 12 + length > end:
+            break
+        (delta,) = _I32.unpack_from(buf, pos + _LAST_OFFSET_DELTA)
+        last = (base + delta + 1, epoch)
+        pos += 12 + length
+    return last
+
+
+def _future() -> asyncio.Future[memoryview | None]:
+    return asyncio.get_running_loop().create_future()
+
+
+def _key(frame: bytes | bytearray) -> bytes:
+    """A request's bytes without its correlation id (after api_key and api_version)."""
+    return bytes(frame[:4]) + bytes(frame[8:])
+
+
+@dataclass(slots=True)
+class Ahead:
+    """A Fetch asked ahead: the request the client is expected to send, and the broker's answer once it came."""
+
+    key: bytes
+    sent: float  # monotonic
+    answer: asyncio.Future[memoryview | None] = field(default_factory=_future)
+    release: Callable[[], None] | None = None  # gives the answer's bytes back to the budget
+    dropped: bool = False
+
+    def arrived(self, answer: memoryview | None, release: Callable[[], None]) -> None:
+        """The broker's answer (None: not one to serve), held until it is served or dropped."""
+        self.release = release
+        if self.dropped or answer is None:
+            self.free()
+        if not self.answer.done():
+            self.answer.set_result(None if self.dropped else answer)
+
+    def free(self) -> None:
+        self.dropped = True
+        if self.release is not None:
+            self.release()
+            self.release = None
+
+
+class FetchAhead:
+    """One connection's Fetch asked ahead (at most one at a time)."""
+
+    def __init__(self, max_age: float, outcomes: Counter) -> None:
+        self.max_age = max_age
+        self.outcomes = outcomes
+        self.held: Ahead | None = None
+        self.routed = 0  # the client's Fetch requests so far: a prediction made before the last one is old
+
+    def ask(self, frame: bytes, request: NextFetch, routed: int) -> tuple[Ahead, bytes] | None:
+        """An ``Ahead`` for the predicted ``frame`` (``request``'s next) and the frame to send for it
+        (``max_wait`` 0: asked only where data waits, so the broker answers at once), or None where the
+        client's next Fetch was routed since the prediction (``routed`` was ``self.routed`` then) or one is
+        held already."""
+        if routed != self.routed or self.held is not None:
+            return None
+        send = bytearray(frame)
+        _I32.pack_into(send, fetch_layout(frame, request.start, request.version).max_wait, 0)
+        return Ahead(_key(frame), time.monotonic()), bytes(send)
+
+    async def claim(self, frame: bytes) -> Ahead | None:
+        """The held Fetch whose answer this client Fetch gets, once that answer came; None (the held one
+        dropped) when ``frame`` is not the request predicted, or the answer is not one to serve or too old.
+        The caller frees it once the answer is out."""
+        self.routed += 1
+        held, self.held = self.held, None
+        if held is None:
+            return None
+        if _key(frame) != held.key:
+            held.free()
+            self.outcomes.labels("missed").inc()
+            return None
+        if await held.answer is None:
+            self.outcomes.labels("unusable").inc()
+            return None
+        if time.monotonic() - held.sent > self.max_age:
+            held.free()
+            self.outcomes.labels("stale").inc()
+            return None
+        self.outcomes.labels("served").inc()
+        return held
+
+    def close(self) -> None:
+        """The connection ends: a held answer goes back to the budget."""
+        if self.held is not None:
+            self.held.free()
+            self.held = None
+
+
+def served(answer: memoryview, correlation_id: int) -> memoryview:
+    """A held answer (after its size prefix) under the client's correlation id, with its size prefix."""
+    _I32.pack_into(answer, 0, correlation_id)
+    return sized(answer)
