@@ -34,12 +34,12 @@ from typing import Any
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
 from reader.proxy.fetch import FETCH
-from reader.proxy.fetch_ahead import FetchAhead, NextFetch, next_fetch
+from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, given_by_scan, next_fetch
 from reader.proxy.frames import FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
 from reader.proxy.protocol import can_parse, peek_request, response_body_start
 from reader.proxy.services import ProxyServices
-from reader.proxy.slots import Request, Slot
+from reader.proxy.slots import Answer, Request, Slot
 from reader.proxy.splice import Relay
 from reader.proxy.wire import ProtocolError
 from tiering_core.errors import TieringError
@@ -216,13 +216,13 @@ class ClientConnection:
                 self.auth.answered(slot.api_key, slot.version, answer)
             out = await slot.finish(answer) if slot.finish is not None else None
             if slot.ahead is not None:  # asked ahead of the client: held for its next Fetch, not written
-                assert answer is not None and self.upstream is not None
-                slot.ahead.arrived(answer if out is None else None, functools.partial(self.upstream.done, len(answer)))
+                assert answer is not None
+                slot.ahead.arrived(self._held(slot, answer, out), functools.partial(self._done, slot, len(answer)))
                 continue
             if slot.next is not None:
-                plain = answer if out is None else (out[4:] if slot.served is not None else None)  # type: ignore[index]
-                if plain is not None:
-                    self._ask_ahead(slot.next, plain)
+                given = slot.given if slot.given is not None or out is not None else self._given(slot, answer)
+                if given:
+                    self._ask_ahead(slot.next, given)
             if out is None:
                 assert answer is not None
                 writer.write(sized(answer))
@@ -233,24 +233,47 @@ class ClientConnection:
                     writer.write(piece)
                     size += len(piece)
             await self._drain()
-            if answer is not None:
-                self.upstream.done(len(answer))  # type: ignore[union-attr]
+            self._done(slot, len(answer) if answer is not None else 0)
             if slot.served is not None:
                 slot.served.free()
-            if slot.held:
-                self.server.answers.release(slot.held)
-                self.remote_held -= slot.held
             self.server.metrics.answered(slot.api_key, slot.source, size, time.perf_counter() - slot.started)
 
+    def _done(self, slot: Slot, received: int) -> None:
+        """A slot's answer is out (or dropped): the broker frame's ``received`` bytes and its remote answer's
+        budget go back."""
+        if received:
+            assert self.upstream is not None
+            self.upstream.done(received)
+        if slot.held:
+            self.server.answers.release(slot.held)
+            self.remote_held -= slot.held
+            slot.held = 0
+
     # -- fetch ahead (fetch_ahead.py) -------------------------------------------------------------
-    def _ask_ahead(self, request: NextFetch, answer: memoryview) -> None:
-        """Ask the broker now for the Fetch the client will send next if ``answer`` (to ``request``) shows
-        more data waiting."""
+    def _given(self, slot: Slot, answer: memoryview) -> list[Given] | None:
+        """What the broker's answer, going out as it came, gave (None: not one to read on from)."""
+        try:
+            return given_by_scan(answer, slot.version, response_body_start(answer, FETCH, slot.version))
+        except ProtocolError:
+            return None
+
+    def _held(self, slot: Slot, answer: memoryview, out: Answer | None) -> Held | None:
+        """The answer of a Fetch asked ahead as it will be written, if it is one to serve."""
+        if out is None:
+            given = self._given(slot, answer)
+            return None if given is None else Held([sized(answer)], given)
+        if slot.given is None:  # throttled, an error, or an answer with node endpoints
+            return None
+        return Held(list(out) if isinstance(out, list) else [out], slot.given)
+
+    def _ask_ahead(self, request: NextFetch, given: list[Given]) -> None:
+        """Ask the broker now for the Fetch the client will send next if the answer to ``request`` (which gave
+        ``given``) shows more data waiting."""
         assert self.fetch_ahead is not None
         if self.throttled_until > time.monotonic() or (self.asking is not None and not self.asking.done()):
             return
         try:
-            frame = next_fetch(request, answer, response_body_start(answer, FETCH, request.version))
+            frame = next_fetch(request, given)
         except ProtocolError:
             return  # the client's own request goes to the broker, as without fetch ahead
         if frame is not None:

@@ -25,17 +25,19 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client import Counter
 
 from reader.proxy.fetch_request import fetch_layout
 from reader.proxy.fetch_scan import scan_fetch
-from reader.proxy.frames import sized
+from reader.proxy.wire import ProtocolError
 
 _I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
 _I64 = struct.Struct(">q")
 _BATCH_HEAD = struct.Struct(">qiib")  # base_offset, batch_length, partition_leader_epoch, magic
 _LAST_OFFSET_DELTA = 23  # after base_offset, batch_length, partition_leader_epoch, magic, crc, attributes
@@ -51,25 +53,58 @@ class NextFetch(NamedTuple):
     version: int
 
 
-def next_fetch(request: NextFetch, answer: memoryview, start: int) -> bytes | None:
-    """The Fetch frame the client sends next if it reads on from ``answer`` (the broker's answer to
-    ``request``, its body at ``start``): ``request`` with each partition that got records at the end of its
-    last whole batch (and that batch's leader epoch as ``last_fetched_epoch`` where the client sends one).
-    None when the answer gives no reason to ask ahead: an error, a throttle, no records, or no partition with
-    more data waiting (the broker would hold the request for ``max_wait``). Raises ProtocolError on an answer
-    or request that does not read."""
+class Given(NamedTuple):
+    """What an answer gave one partition, as the prediction reads it."""
+
+    topic: object  # the name (v4-12) or the id (v13+), as the request named it
+    partition: int
+    high_watermark: int
+    last_stable_offset: int
+    records: memoryview | None  # the records' bytes
+
+
+def given_by_scan(answer: memoryview, version: int, start: int) -> list[Given] | None:
+    """The partitions of a broker's answer received whole (its body at ``start``); None for an answer not to
+    read on from: a throttle, an error, node endpoints to rewrite. Raises ProtocolError."""
     if _I32.unpack_from(answer, start)[0]:  # throttle_time_ms: the client backs off first
         return None
     records_at: list[int] = []
-    scan = scan_fetch(answer, request.version, start, records_at)
+    scan = scan_fetch(answer, version, start, records_at)
     if not scan.plain:
         return None
+    return [Given(p.topic, p.partition, p.high_watermark, p.last_stable_offset,
+                  answer[at : at + p.records] if p.records else None)
+            for p, at in zip(scan.partitions, records_at, strict=True)]  # fmt: skip
+
+
+def given_by_body(body: Any, version: int) -> list[Given] | None:
+    """The partitions of an answer the proxy parsed (remote partitions merged in); None as ``given_by_scan``."""
+    if body.throttle_time.total_seconds() or int(getattr(body, "error_code", 0)):
+        return None
+    given = []
+    for t in body.responses:
+        topic = t.topic_id if version >= 13 else t.topic
+        for p in t.partitions:
+            if int(p.error_code):
+                return None
+            records = memoryview(p.records) if p.records else None
+            given.append(Given(topic, int(p.partition_index), int(p.high_watermark), int(p.last_stable_offset),
+                               records))  # fmt: skip
+    return given
+
+
+def next_fetch(request: NextFetch, given: list[Given]) -> bytes | None:
+    """The Fetch frame the client sends next if it reads on from the answer that gave ``given`` to ``request``:
+    ``request`` with each partition that got records at the end of its last whole batch (and that batch's
+    leader epoch as ``last_fetched_epoch`` where the client sends one). None when there is no reason to ask
+    ahead: no records, or no partition with more data waiting (the broker would hold the request for
+    ``max_wait``). Raises ProtocolError on a request that does not read."""
     layout = fetch_layout(request.frame, request.start, request.version)
     read_committed = request.frame[layout.max_wait + 12] == READ_COMMITTED
     ends: dict[tuple[object, int], tuple[int, int]] = {}
     more = False
-    for part, at in zip(scan.partitions, records_at, strict=True):
-        end = last_batch_end(answer, at, part.records)
+    for part in given:
+        end = None if part.records is None else last_batch_end(part.records, 0, len(part.records))
         if end is None:
             continue
         ends[(part.topic, part.partition)] = end
@@ -106,13 +141,30 @@ def last_batch_end(buf: memoryview, pos: int, size: int) -> tuple[int, int] | No
     return last
 
 
-def _future() -> asyncio.Future[memoryview | None]:
+def _future() -> asyncio.Future[Held | None]:
     return asyncio.get_running_loop().create_future()
 
 
-def _key(frame: bytes | bytearray) -> bytes:
-    """A request's bytes without its correlation id (after api_key and api_version)."""
-    return bytes(frame[:4]) + bytes(frame[8:])
+def request_key(frame: bytes, start: int, version: int) -> bytes:
+    """A Fetch request's bytes as the match of a prediction compares them: without its correlation id, and with
+    its partitions in a fixed order (librdkafka starts each Fetch one partition further round its list, so its
+    next request is the one predicted in another order; every client finds a partition of an answer by its
+    topic and index, and Java's checks the set). Raises ProtocolError."""
+    layout = fetch_layout(frame, start, version)
+    entries = []
+    for partitions in layout.topics:
+        for at in partitions:
+            topic = at.topic.bytes if isinstance(at.topic, uuid.UUID) else at.topic.encode()
+            entries.append(_U16.pack(len(topic)) + topic + frame[at.start : at.end])
+    entries.sort()
+    return b"".join((frame[:4], frame[8 : layout.topics_at], *entries, frame[layout.topics_end :]))
+
+
+class Held(NamedTuple):
+    """The answer of a Fetch asked ahead: the frame as pieces to write (size prefix first) and what it gave."""
+
+    pieces: list[bytes | memoryview]
+    given: list[Given]
 
 
 @dataclass(slots=True)
@@ -121,11 +173,11 @@ class Ahead:
 
     key: bytes
     sent: float  # monotonic
-    answer: asyncio.Future[memoryview | None] = field(default_factory=_future)
+    answer: asyncio.Future[Held | None] = field(default_factory=_future)
     release: Callable[[], None] | None = None  # gives the answer's bytes back to the budget
     dropped: bool = False
 
-    def arrived(self, answer: memoryview | None, release: Callable[[], None]) -> None:
+    def arrived(self, answer: Held | None, release: Callable[[], None]) -> None:
         """The broker's answer (None: not one to serve), held until it is served or dropped."""
         self.release = release
         if self.dropped or answer is None:
@@ -158,9 +210,9 @@ class FetchAhead:
             return None
         send = bytearray(frame)
         _I32.pack_into(send, fetch_layout(frame, request.start, request.version).max_wait, 0)
-        return Ahead(_key(frame), time.monotonic()), bytes(send)
+        return Ahead(request_key(frame, request.start, request.version), time.monotonic()), bytes(send)
 
-    async def claim(self, frame: bytes) -> Ahead | None:
+    async def claim(self, frame: bytes, start: int, version: int) -> Ahead | None:
         """The held Fetch whose answer this client Fetch gets, once that answer came; None (the held one
         dropped) when ``frame`` is not the request predicted, or the answer is not one to serve or too old.
         The caller frees it once the answer is out."""
@@ -168,7 +220,11 @@ class FetchAhead:
         held, self.held = self.held, None
         if held is None:
             return None
-        if _key(frame) != held.key:
+        try:
+            key = request_key(frame, start, version)
+        except ProtocolError:
+            key = b""  # the request is parsed in full next, which names what is wrong
+        if key != held.key:
             held.free()
             self.outcomes.labels("missed").inc()
             return None
@@ -189,7 +245,10 @@ class FetchAhead:
             self.held = None
 
 
-def served(answer: memoryview, correlation_id: int) -> memoryview:
-    """A held answer (after its size prefix) under the client's correlation id, with its size prefix."""
-    _I32.pack_into(answer, 0, correlation_id)
-    return sized(answer)
+def served(held: Held, correlation_id: int) -> list[bytes | memoryview]:
+    """A held answer's pieces under the client's correlation id (after the size prefix)."""
+    first = held.pieces[0]
+    if not isinstance(first, memoryview) or first.readonly:
+        first = memoryview(bytearray(first))
+    _I32.pack_into(first, 4, correlation_id)
+    return [first, *held.pieces[1:]]

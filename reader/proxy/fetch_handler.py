@@ -16,7 +16,7 @@ from typing import Any
 from kio.static.primitive import i32
 
 from reader.proxy.fetch import FETCH, FetchPlan
-from reader.proxy.fetch_ahead import Ahead, NextFetch, served
+from reader.proxy.fetch_ahead import Ahead, NextFetch, given_by_body, served
 from reader.proxy.fetch_answer import encode_fetch_answer
 from reader.proxy.fetch_request import patched_fetch_request
 from reader.proxy.fetch_scan import scan_fetch
@@ -37,8 +37,10 @@ async def fetch(x: Exchange, req: Request) -> Slot:
     partition, the answer merged (fetch.py)."""
     frame, version, correlation_id, started = req.frame, req.version, req.correlation_id, req.started
     server = x.server
-    if x.fetch_ahead is not None and not req.ahead and (held := await x.fetch_ahead.claim(frame)) is not None:
-        return _serve_held(req, held)
+    if x.fetch_ahead is not None and not req.ahead:
+        body_at = read_request_head(frame).body
+        if (held := await x.fetch_ahead.claim(frame, body_at, version)) is not None:
+            return _serve_held(req, held, body_at)
     turns = server.fetch_turns
     loop = asyncio.get_running_loop()
     sent = False
@@ -108,6 +110,8 @@ async def fetch(x: Exchange, req: Request) -> Slot:
             body, throttle_ms = server.quotas.throttle(x.node_id, x.auth.user, client_id, body, version,
                                                        plan.served_remote)  # fmt: skip
             out = encode_fetch_answer(correlation_id, version, body) if changed or throttle_ms else None
+            if x.fetch_ahead is not None:
+                slot.given = given_by_body(body, version)
         if throttle_ms:  # KIP-219: the (empty) answer goes out now and the connection's next requests wait
             server.metrics.throttle_seconds.inc(throttle_ms / 1000)
             x.throttled_until = max(x.throttled_until, time.monotonic() + throttle_ms / 1000)
@@ -120,12 +124,12 @@ async def fetch(x: Exchange, req: Request) -> Slot:
 
     source = "remote" if plan.remote else "broker"
     slot = Slot(FETCH, version, correlation_id, started, True, finish, source, gate=gate)
-    if gate is not None and x.fetch_ahead is not None and not req.ahead:
+    if x.fetch_ahead is not None and not req.ahead:
         slot.next = NextFetch(frame, head.body, version)
     return slot
 
 
-def _serve_held(req: Request, held: Ahead) -> Slot:
+def _serve_held(req: Request, held: Ahead, body_at: int) -> Slot:
     """A client Fetch answered with the answer of the Fetch asked ahead for it (fetch_ahead.py)."""
     answer = held.answer.result()
     assert answer is not None
@@ -133,8 +137,8 @@ def _serve_held(req: Request, held: Ahead) -> Slot:
     async def finish(_answer: memoryview | None) -> Answer:
         return served(answer, req.correlation_id)
 
-    slot = Slot(FETCH, req.version, req.correlation_id, req.started, False, finish, served=held)
-    slot.next = NextFetch(req.frame, read_request_head(req.frame).body, req.version)
+    slot = Slot(FETCH, req.version, req.correlation_id, req.started, False, finish, served=held, given=answer.given)
+    slot.next = NextFetch(req.frame, body_at, req.version)
     return slot
 
 

@@ -30,6 +30,8 @@ class PartitionAt(NamedTuple):
     offset: int  # fetch_offset (int64)
     epoch: int  # last_fetched_epoch (int32)
     max_bytes: int  # partition_max_bytes (int32)
+    start: int  # where the partition's fields begin
+    end: int  # and end (its tagged fields included)
 
 
 class FetchLayout(NamedTuple):
@@ -39,6 +41,8 @@ class FetchLayout(NamedTuple):
     session: int  # session_id and session_epoch (int32 each), -1 before v7
     topics: list[list[PartitionAt]]
     forgotten: int  # how many forgotten topics (v7+; 0 before)
+    topics_at: int  # where the topics array begins (its length)
+    topics_end: int  # and ends
 
 
 def fetch_layout(frame: bytes | bytearray | memoryview, start: int, version: int) -> FetchLayout:
@@ -60,6 +64,7 @@ def _layout(frame: bytes | bytearray | memoryview, pos: int, version: int) -> Fe
     if version >= 7:
         session = pos
         pos += 8
+    topics_at = pos
     count, pos = array_length(frame, pos, flexible)
     topics: list[list[PartitionAt]] = []
     for _ in range(count):
@@ -74,6 +79,7 @@ def _layout(frame: bytes | bytearray | memoryview, pos: int, version: int) -> Fe
         partitions: list[PartitionAt] = []
         count, pos = array_length(frame, pos, flexible)
         for _ in range(count):
+            start = pos
             (index,) = _I32.unpack_from(frame, pos)
             pos += 8 if version >= 9 else 4  # partition, current_leader_epoch
             offset, epoch = pos, -1
@@ -83,16 +89,17 @@ def _layout(frame: bytes | bytearray | memoryview, pos: int, version: int) -> Fe
                 pos += 4
             if version >= 5:
                 pos += 8  # log_start_offset
-            partitions.append(PartitionAt(topic, index, offset, epoch, pos))
+            max_bytes = pos
             _I32.unpack_from(frame, pos)
             pos += 4
             if flexible:
                 pos = skip_tagged_fields(frame, pos)
+            partitions.append(PartitionAt(topic, index, offset, epoch, max_bytes, start, pos))
         topics.append(partitions)
         if flexible:
             pos = skip_tagged_fields(frame, pos)
     forgotten = array_length(frame, pos, flexible)[0] if version >= 7 else 0
-    return FetchLayout(max_wait, session, topics, forgotten)
+    return FetchLayout(max_wait, session, topics, forgotten, topics_at, pos)
 
 
 def patched_fetch_request(frame: bytes | memoryview, start: int, version: int, upstream: Any) -> bytes | None:

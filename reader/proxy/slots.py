@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from reader.proxy.authentication import Authentication
 from reader.proxy.config import ProxyListen
-from reader.proxy.fetch_ahead import Ahead, FetchAhead, NextFetch
+from reader.proxy.fetch_ahead import Ahead, FetchAhead, Given, NextFetch
 from reader.proxy.fetch_scan import ScannedFetch
 from reader.proxy.services import ProxyServices
 from reader.proxy.splice import Gate
@@ -42,6 +42,7 @@ class Slot:
     next: NextFetch | None = None  # a client's Fetch whose next one may be asked ahead (fetch_ahead.py)
     ahead: Ahead | None = None  # a Fetch asked ahead: its answer is held, not written
     served: Ahead | None = None  # the Fetch asked ahead whose held answer this slot writes
+    given: list[Given] | None = None  # what a Fetch answer the proxy parsed gave (set by ``finish``)
 
 
 @dataclass(slots=True)

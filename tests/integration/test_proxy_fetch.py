@@ -34,16 +34,18 @@ def as_record(m: Any) -> tuple:
 @pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
 def test_confluent_consumer_reads_everything_from_zero(stack: Endpoints, tiered: TieredTopic, isolation: str) -> None:
     """A plain confluent_kafka.Consumer through the proxy gets every record once, byte for byte, across the
-    remote / broker boundary; the remote part came from remote storage."""
+    remote / broker boundary; the remote part came from remote storage, answers asked ahead among them."""
     ends = {p: tiered.end_offset(p) for p in tiered.by_partition}
     assert all(tiered.log_start(p) > 0 for p in ends)
     with proxy_for(tiered.config, stack.bootstrap) as proxy:
         got = read_all(proxy_bootstrap(proxy), tiered.topic, ends, **{"isolation.level": isolation})
         remote = proxy.metrics.fetch_partitions.labels("remote")._value.get()
+        ahead = proxy.metrics.fetch_ahead.labels("served")._value.get()
     committed = isolation == "read_committed"
     for p, messages in got.items():
         check_exact([(m.offset(), as_record(m)) for m in messages], expected(tiered.by_partition[p], committed))
     assert remote > 0, "nothing was answered from remote storage"
+    assert ahead > 0, "no Fetch asked ahead was served (reader/proxy/fetch_ahead.py)"
 
 
 @pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])

@@ -27,14 +27,17 @@ pytestmark = pytest.mark.integration
 NOT_LEADER_OR_FOLLOWER = 6
 
 
+@pytest.mark.parametrize("fetch_ahead", [False, True], ids=["spliced", "read-for-fetch-ahead"])
 @pytest.mark.parametrize("advertised", ["127.0.0.1", "a-proxy-name-longer-than-the-brokers.example"])
 def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(stack3: Endpoints, tmp_path: Path,
-                                                                              advertised: str) -> None:  # fmt: skip
+                                                                              advertised: str,
+                                                                              fetch_ahead: bool) -> None:  # fmt: skip
     """Fetch v16+ answers NOT_LEADER_OR_FOLLOWER with the leader's id and address (KIP-951): the client must never
-    get the broker's address (it would take it around the proxy). The answer goes on as it arrives, its size
-    fixed before the address comes (reader/proxy/splice.py): for a proxy host as long as the broker's
+    get the broker's address (it would take it around the proxy). Spliced, the answer goes on as it arrives, its
+    size fixed before the address comes (reader/proxy/splice.py): for a proxy host as long as the broker's
     (127.0.0.1) the endpoint is the proxy's; for a longer one it is left out (the client asks Metadata for the
-    leader, as before KIP-951), and the answer parses either way."""
+    leader, as before KIP-951). Read whole (fetch ahead reads the answers it predicts from), it is rewritten to
+    the proxy's address at any length. The answer parses either way."""
     topic = create_topic(stack3.bootstrap, partitions=1, replication=1)
     leaders: list[int] = []
     with KafkaCluster(stack3.bootstrap) as cluster:
@@ -51,7 +54,7 @@ def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(st
     other = next(b.id for b in stack3.brokers if b.id != leader)
     config = write_config(stack3, tmp_path, broker=1)
     with (
-        proxy_for(config, stack3.bootstrap, advertised_host=advertised) as proxy,
+        proxy_for(config, stack3.bootstrap, advertised_host=advertised, fetch_ahead=fetch_ahead) as proxy,
         RawKafka(f"127.0.0.1:{proxy.router.port_for(other)}") as raw,
     ):
         described = raw.metadata(topic)
@@ -64,7 +67,7 @@ def test_a_fetch_at_a_broker_that_does_not_lead_names_the_leader_at_the_proxy(st
             assert proxy.router.broker_address(leader) is not None
             assert proxy.router.broker_address(leader)[0] == "127.0.0.1"  # the two cases are the ones named above
             endpoints = {int(e.node_id): (e.host, int(e.port)) for e in answer.node_endpoints}
-            if advertised == "127.0.0.1":
+            if advertised == "127.0.0.1" or fetch_ahead:
                 assert endpoints == {leader: (advertised, proxy.router.port_for(leader))}
             else:
                 assert endpoints == {}

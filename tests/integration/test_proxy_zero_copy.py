@@ -36,7 +36,7 @@ def test_many_consumers_read_every_partition_byte_for_byte_through_the_pipes(
     topic, produced = local_topic
     ends = {p: max(records) + 1 for p, records in produced.items()}
     config = write_config(stack, tmp_path, broker=1)
-    with proxy_for(config, stack.bootstrap, fetch_ahead=False, **listen) as proxy:  # fetch ahead reads answers in
+    with proxy_for(config, stack.bootstrap, fetch_ahead=False, **listen) as proxy:  # answers read whole: not spliced
         bootstrap = proxy_bootstrap(proxy)
         with ThreadPoolExecutor(5) as pool:
             readers = [pool.submit(read_all, bootstrap, topic, ends) for _ in range(4)]
@@ -67,7 +67,7 @@ def test_an_offset_the_broker_no_longer_has_is_answered_in_place_then_from_remot
         end, log_start = t.end_offset(0), t.log_start(0)
         assert log_start > 0
         with (
-            proxy_for(t.config, stack.bootstrap) as proxy,
+            proxy_for(t.config, stack.bootstrap, fetch_ahead=False) as proxy,  # answers read whole are not spliced
             RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as raw,
         ):
             topic_id = raw.metadata(t.topic).topics[0].topic_id

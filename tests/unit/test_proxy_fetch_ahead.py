@@ -16,11 +16,22 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 from prometheus_client import CollectorRegistry, Counter
 
-from reader.proxy.fetch_ahead import FetchAhead, NextFetch, last_batch_end, next_fetch, served
+from reader.proxy.fetch_ahead import (
+    FetchAhead,
+    Held,
+    NextFetch,
+    given_by_body,
+    given_by_scan,
+    last_batch_end,
+    next_fetch,
+    request_key,
+    served,
+)
 from reader.proxy.protocol import (
     build,
     nested,
     new_request,
+    parse,
     read_request_head,
     request_frame,
     request_type,
@@ -81,7 +92,11 @@ def _answer(version: int, records: dict[tuple[int, int], bytes], *, high: int = 
 
 def _predict(version: int, frame: bytes, answer: memoryview) -> bytes | None:
     request = NextFetch(frame, read_request_head(frame).body, version)
-    return next_fetch(request, answer, response_body_start(answer, 1, version))
+    start = response_body_start(answer, 1, version)
+    by_scan = given_by_scan(answer, version, start)
+    by_body = given_by_body(parse(response_type(1, version), answer, start), version)
+    assert by_scan == by_body  # a broker's answer and one the proxy parsed (remote partitions merged) read alike
+    return None if by_scan is None else next_fetch(request, by_scan)
 
 
 def _advanced(version: int, body, ends: dict[tuple[int, int], tuple[int, int]]) -> object:  # type: ignore[no-untyped-def]
@@ -143,9 +158,33 @@ def test_nothing_is_asked_ahead_where_the_broker_has_nothing_more_to_give_at_onc
     assert _predict(version, committed, _answer(version, records, high=5000, stable=1011)) is not None
 
 
-def _received(frame: bytes) -> memoryview:
-    """A frame as the broker connection gives it: after its size prefix, in one buffer with it."""
-    return memoryview(bytearray(struct.pack(">i", len(frame)) + frame))[4:]
+@pytest.mark.parametrize("version", (4, 12, 13, 18))
+def test_the_predicted_request_matches_in_any_partition_order_and_nothing_else(version: int) -> None:
+    """librdkafka starts each Fetch one partition further round its list: the same request in another order
+    matches; another offset, size or isolation level does not."""
+    frame, body = _request(version)
+    key = request_key(frame, read_request_head(frame).body, version)
+
+    def encoded(request: object) -> bytes:
+        return request_frame(read_request_head(frame), frame, request)
+
+    def key_of(request: object) -> bytes:
+        other = encoded(request)
+        return request_key(other, read_request_head(other).body, version)
+
+    topics = body.topics
+    rotated = [dataclasses.replace(t, partitions=t.partitions[1:] + t.partitions[:1]) for t in topics]
+    assert key_of(dataclasses.replace(body, topics=tuple(reversed(rotated)))) == key
+    moved = dataclasses.replace(topics[0].partitions[0], fetch_offset=i64(1))
+    changed = (dataclasses.replace(topics[0], partitions=(moved, *topics[0].partitions[1:])), *topics[1:])
+    assert key_of(dataclasses.replace(body, topics=changed)) != key
+    assert key_of(dataclasses.replace(body, max_bytes=i32(1 << 20))) != key
+    assert key_of(dataclasses.replace(body, isolation_level=1)) != key
+
+
+def _received(frame: bytes) -> Held:
+    """A frame held as the broker connection gives it: its size prefix first, in one buffer."""
+    return Held([memoryview(bytearray(struct.pack(">i", len(frame)) + frame))], [])
 
 
 def _counts(counter: Counter) -> dict[str, float]:
@@ -157,11 +196,12 @@ def test_a_held_answer_goes_only_to_the_request_predicted_while_fresh_and_is_alw
         outcomes = Counter("fetch_ahead", "", ("outcome",), registry=CollectorRegistry())
         ahead = FetchAhead(0.05, outcomes)
         frame, _ = _request(13)
-        request = NextFetch(frame, read_request_head(frame).body, 13)
+        body = read_request_head(frame).body
+        request = NextFetch(frame, body, 13)
         other_id = frame[:4] + struct.pack(">i", 99) + frame[8:]  # the same request under another correlation id
         released: list[int] = []
 
-        def hold(answer: memoryview | None) -> None:
+        def hold(answer: Held | None) -> None:
             asked = ahead.ask(frame, request, ahead.routed)
             assert asked is not None
             held, send = asked
@@ -171,22 +211,26 @@ def test_a_held_answer_goes_only_to_the_request_predicted_while_fresh_and_is_alw
             held.arrived(answer, lambda: released.append(1))
 
         hold(_received(b"\0\0\0\x0c" + b"answer"))
-        got = await ahead.claim(other_id)
+        got = await ahead.claim(other_id, body, 13)
         assert got is not None and released == []
-        assert bytes(served(got.answer.result(), 99)) == struct.pack(">i", 10) + struct.pack(">i", 99) + b"answer"
+        held = got.answer.result()
+        assert held is not None
+        assert b"".join(served(held, 99)) == struct.pack(">i", 10) + struct.pack(">i", 99) + b"answer"
+        pieces = Held([struct.pack(">ii", 10, 12) + b"an", memoryview(b"swer")], [])  # an answer the proxy encoded
+        assert b"".join(served(pieces, 99)) == struct.pack(">ii", 10, 99) + b"answer"
         got.free()
         assert released == [1]
 
         hold(_received(b"\0\0\0\x0c"))
-        assert await ahead.claim(frame[:-1] + b"\1") is None  # another request: dropped
+        assert await ahead.claim(frame[:-1] + b"\1", body, 13) is None  # another request: dropped
         assert released == [1, 1]
         hold(_received(b"\0\0\0\x0c"))
         await asyncio.sleep(0.06)
-        assert await ahead.claim(other_id) is None  # too old
+        assert await ahead.claim(other_id, body, 13) is None  # too old
         assert released == [1, 1, 1]
         hold(None)  # an answer not to serve: given back as it arrives
         assert released == [1, 1, 1, 1]
-        assert await ahead.claim(other_id) is None
+        assert await ahead.claim(other_id, body, 13) is None
         assert ahead.ask(frame, request, ahead.routed - 1) is None  # predicted before the client's last Fetch
         assert _counts(outcomes) == {"served": 1, "missed": 1, "stale": 1, "unusable": 1}
 
