@@ -268,9 +268,14 @@ class ClientConnection:
 
     def _ask_ahead(self, request: NextFetch, given: list[Given]) -> None:
         """Ask the broker now for the Fetch the client will send next if the answer to ``request`` (which gave
-        ``given``) shows more data waiting."""
+        ``given``) shows more data waiting. Not while the client is throttled, before it authenticated, or while
+        the answer budget is more than half used: answers asked ahead are the first thing to go when memory is
+        short, so they never make a client's own answer wait for room."""
         assert self.fetch_ahead is not None
         if self.throttled_until > time.monotonic() or (self.asking is not None and not self.asking.done()):
+            return
+        answers = self.server.answers
+        if not self.auth.done or 2 * answers.used > answers.capacity:
             return
         try:
             frame = next_fetch(request, given)
