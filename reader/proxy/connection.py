@@ -258,13 +258,13 @@ class ClientConnection:
             return None
 
     def _held(self, slot: Slot, answer: memoryview, out: Answer | None) -> Held | None:
-        """The answer of a Fetch asked ahead as it will be written, if it is one to serve."""
-        if out is None:
-            given = self._given(slot, answer)
-            return None if given is None else Held([sized(answer)], given)
-        if slot.given is None:  # throttled, an error, or an answer with node endpoints
+        """The answer of a Fetch asked ahead as it will be written, if it is one to serve: not one without
+        records (the client's own Fetch may wait at the broker for data; this one was asked with no wait), nor
+        one throttled, with an error or with node endpoints."""
+        given = self._given(slot, answer) if out is None else slot.given
+        if given is None or not any(part.records for part in given):
             return None
-        return Held(list(out) if isinstance(out, list) else [out], slot.given)
+        return Held([sized(answer)] if out is None else list(out) if isinstance(out, list) else [out], given)
 
     def _ask_ahead(self, request: NextFetch, given: list[Given]) -> None:
         """Ask the broker now for the Fetch the client will send next if the answer to ``request`` (which gave
