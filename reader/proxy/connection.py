@@ -219,7 +219,7 @@ class ClientConnection:
                 assert answer is not None
                 slot.ahead.arrived(self._held(slot, answer, out), functools.partial(self._done, slot, len(answer)))
                 continue
-            if slot.next is not None:
+            if slot.next is not None and self.fetch_ahead is not None and self.fetch_ahead.wanted():
                 given = slot.given if slot.given is not None or out is not None else self._given(slot, answer)
                 if given:
                     self._ask_ahead(slot.next, given)

@@ -200,6 +200,8 @@ class FetchAhead:
         self.outcomes = outcomes
         self.held: Ahead | None = None
         self.routed = 0  # the client's Fetch requests so far: a prediction made before the last one is old
+        self.answered = 0.0  # monotonic time the client's last Fetch answer went out
+        self.slow = False  # the client's last Fetch came late after its answer: an answer held for it would age
 
     def ask(self, frame: bytes, request: NextFetch, routed: int) -> tuple[Ahead, bytes] | None:
         """An ``Ahead`` for the predicted ``frame`` (``request``'s next) and the frame to send for it
@@ -217,6 +219,7 @@ class FetchAhead:
         dropped) when ``frame`` is not the request predicted, or the answer is not one to serve or too old.
         The caller frees it once the answer is out."""
         self.routed += 1
+        self.slow = time.monotonic() - self.answered > self.max_age / 2
         held, self.held = self.held, None
         if held is None:
             return None
@@ -237,6 +240,13 @@ class FetchAhead:
             return None
         self.outcomes.labels("served").inc()
         return held
+
+    def wanted(self) -> bool:
+        """Whether to ask ahead after the answer going out now: not for a client whose last Fetch came later
+        than half the max age after its answer (one that decodes or processes slowly, or stopped fetching
+        because its queue is full: what it would be given would be old, and dropped); the answer's time noted."""
+        self.answered = time.monotonic()
+        return not self.slow
 
     def close(self) -> None:
         """The connection ends: a held answer goes back to the budget."""

@@ -235,3 +235,23 @@ def test_a_held_answer_goes_only_to_the_request_predicted_while_fresh_and_is_alw
         assert _counts(outcomes) == {"served": 1, "missed": 1, "stale": 1, "unusable": 1}
 
     asyncio.run(run())
+
+
+def test_nothing_is_asked_ahead_for_a_client_that_asks_late_after_its_answers() -> None:
+    """A client whose Fetch comes more than half the max age after its answer (it processes slowly, or its queue
+    is full) would find what is held for it too old: nothing is asked ahead after its next answer."""
+
+    async def run() -> None:
+        ahead = FetchAhead(0.04, Counter("fetch_ahead", "", ("outcome",), registry=CollectorRegistry()))
+        frame, _ = _request(13)
+        body = read_request_head(frame).body
+        assert ahead.wanted()  # a first answer: nothing known of the client yet
+        await ahead.claim(frame, body, 13)  # at once
+        assert ahead.wanted()
+        await asyncio.sleep(0.03)
+        await ahead.claim(frame, body, 13)  # 30 ms after its answer: more than half of 40
+        assert not ahead.wanted()
+        await ahead.claim(frame, body, 13)
+        assert ahead.wanted()
+
+    asyncio.run(run())
