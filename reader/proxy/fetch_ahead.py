@@ -219,7 +219,7 @@ class FetchAhead:
         dropped) when ``frame`` is not the request predicted, or the answer is not one to serve or too old.
         The caller frees it once the answer is out."""
         self.routed += 1
-        self.slow = time.monotonic() - self.answered > self.max_age / 2
+        self.slow = self.answered > 0 and time.monotonic() - self.answered > self.max_age / 2
         held, self.held = self.held, None
         if held is None:
             return None

@@ -2,11 +2,14 @@
 asked of the broker before the client sends it, and the client gets that answer only when its Fetch is the one
 predicted. Readers we did not write (kcat, Kafka's Java console consumer) and four confluent-kafka consumers of
 24 partitions read every record byte for byte with no offset missing; held answers are served (the metric
-shows it); a consumer that seeks back in the middle of a catch-up (its Fetch is not the one predicted) and a
-proxy whose held answers are always too old still get exactly the records at their offsets."""
+shows it); a consumer that seeks back in the middle of a catch-up (its Fetch is not the one predicted) gets
+exactly the records at its new offset, and so does one behind a proxy whose held answers would always be too old
+(none is served); a client that asks for a held answer after the max age gets the broker's own answer."""
 
 from __future__ import annotations
 
+import struct
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from deploy.stack import Endpoints
 from reader.proxy import ProxyServer
+from tests.kafka_wire import RawKafka
 from tests.proxy_harness import (
     check_exact,
     console_consume,
@@ -118,7 +122,46 @@ def test_a_consumer_that_seeks_back_mid_catch_up_gets_the_records_at_its_new_off
     before, after = got[:seek_at], got[seek_at:]
     check_exact(before, {o: r for o, r in records.items() if o <= before[-1][0]})
     check_exact(after, {o: r for o, r in records.items() if o >= end // 4})  # from the offset sought, nothing else
-    if max_age < 1e-3:
-        assert outcomes["served"] == 0 and outcomes["stale"] > 0, outcomes
+    if max_age < 1e-3:  # nothing young enough to serve: none served (and, the client always late, none asked)
+        assert outcomes["served"] == 0, outcomes
     else:
         assert outcomes["served"] > 0, outcomes
+
+
+def _after_last_batch(records: bytes) -> int:
+    """The offset after the last whole record batch (base offset + last offset delta + 1), read by hand."""
+    pos, end = 0, -1
+    while pos + 61 <= len(records):
+        base, length = struct.unpack_from(">qi", records, pos)
+        if pos + 12 + length > len(records):
+            break
+        end = base + struct.unpack_from(">i", records, pos + 23)[0] + 1
+        pos += 12 + length
+    return end
+
+
+def test_an_answer_held_too_long_is_dropped_and_that_fetch_is_the_brokers_own(
+    stack: Endpoints, tmp_path: Path, one: tuple[str, Produced]
+) -> None:
+    """A client that reads on at once is served the answer asked ahead; one that asks for it after more than the
+    max age gets the broker's answer to its own request instead (the held one dropped), and every answer is byte
+    for byte what the broker gives straight at that offset."""
+    topic, _ = one
+    with (
+        proxy_for(write_config(stack, tmp_path, broker=1), stack.bootstrap, fetch_ahead_max_age_seconds=0.2) as proxy,
+        RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as through,
+        RawKafka(stack.bootstrap) as straight,
+    ):
+        described = through.metadata(topic)
+        assert described is not None
+        topic_id, offset = described.topics[0].topic_id, 0
+        for pause in (0, 0, 0.5, 0):
+            time.sleep(pause)
+            got = through.fetch(13, topic, topic_id, 0, offset, 64 * 1024)
+            want = straight.fetch(13, topic, topic_id, 0, offset, 64 * 1024)
+            assert got is not None and want is not None
+            records = got.responses[0].partitions[0].records
+            assert records and records == want.responses[0].partitions[0].records
+            offset = _after_last_batch(records)
+        outcomes = _outcomes(proxy)
+    assert outcomes == {"served": 1, "missed": 0, "stale": 1, "unusable": 0}, outcomes
