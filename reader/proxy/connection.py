@@ -285,6 +285,20 @@ class ClientConnection:
             self.asking = asyncio.create_task(self._send_ahead(frame, request, self.fetch_ahead.routed))
 
     async def _send_ahead(self, frame: bytes, request: NextFetch, routed: int) -> None:
+        """Send the Fetch asked ahead through the Fetch handler and queue its slot, in order with the client's
+        requests. A broken broker connection is left to the reading and writing tasks, which see it too; any
+        other failure may have sent the request without its slot, so the broker connection is closed and the
+        connection ends as for a broker gone (never an answer out of order)."""
+        try:
+            await self._queue_ahead(frame, request, routed)
+        except (ConnectionError, OSError):
+            pass
+        except Exception:
+            log.error("a Fetch asked ahead failed; the connection closes", client=self.peer, exc_info=True)
+            if self.upstream is not None:
+                self.upstream.close()
+
+    async def _queue_ahead(self, frame: bytes, request: NextFetch, routed: int) -> None:
         assert self.fetch_ahead is not None
         async with self.order:
             asked = self.fetch_ahead.ask(frame, request, routed)
