@@ -291,8 +291,8 @@ class ClientConnection:
         connection ends as for a broker gone (never an answer out of order)."""
         try:
             await self._queue_ahead(frame, request, routed)
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError) as exc:  # the connection's own tasks see it and close the connection
+            log.info("a Fetch asked ahead found the broker connection broken", client=self.peer, reason=str(exc))
         except Exception:
             log.error("a Fetch asked ahead failed; the connection closes", client=self.peer, exc_info=True)
             if self.upstream is not None:

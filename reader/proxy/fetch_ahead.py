@@ -9,7 +9,8 @@ to the batch's last offset + 1, and sends that batch's leader epoch as ``last_fe
 answer shows more data waiting (a partition's high watermark, or last stable offset for read_committed,
 beyond what it gave), the proxy sends that request to the broker at once, on the client's own connection (the
 broker authenticates and authorises it as the client's), with ``max_wait`` 0, and holds the answer. When the
-client's next Fetch arrives and is byte for byte the request predicted (the correlation id aside) and the
+client's next Fetch arrives and is byte for byte the request predicted (the correlation id and the order of its
+partitions aside, ``request_key``) and the
 answer is at most ``fetch_ahead_max_age_seconds`` old, it gets the held answer under its correlation id; the
 broker's reading and the client's decoding then overlap instead of taking turns. Anything else (another
 request, a seek, a partition added or paused, an answer with an error, a throttle or no records, too old) drops
@@ -35,13 +36,12 @@ from prometheus_client import Counter
 from reader.proxy.fetch_request import fetch_layout
 from reader.proxy.fetch_scan import scan_fetch
 from reader.proxy.wire import ProtocolError
+from tiering_core.errors import FormatError
+from tiering_core.formats import TruncatedBatchError, scan_headers
 
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _I64 = struct.Struct(">q")
-_BATCH_HEAD = struct.Struct(">qiib")  # base_offset, batch_length, partition_leader_epoch, magic
-_LAST_OFFSET_DELTA = 23  # after base_offset, batch_length, partition_leader_epoch, magic, crc, attributes
-_BATCH_HEAD_SIZE = 61  # a record batch's header (magic 2)
 READ_COMMITTED = 1
 
 
@@ -127,18 +127,15 @@ def next_fetch(request: NextFetch, given: list[Given]) -> bytes | None:
 def last_batch_end(buf: memoryview, pos: int, size: int) -> tuple[int, int] | None:
     """(the offset after the last whole record batch, its leader epoch) of the ``size`` bytes of records at
     ``pos``; None without a whole batch (a partial batch at the end is one the client skips too) or with a
-    message set older than magic 2."""
-    end, last = pos + size, None
-    while pos + _BATCH_HEAD_SIZE <= end:
-        base, length, epoch, magic = _BATCH_HEAD.unpack_from(buf, pos)
-        if magic != 2:
+    message set older than magic 2 (``tiering_core.formats.scan_headers`` reads the headers)."""
+    last = None
+    try:
+        for header in scan_headers("a Fetch answer", buf, pos, pos + size):
+            last = header
+    except FormatError as exc:  # a batch cut short at the end of the answer is one the client skips too
+        if not isinstance(exc, TruncatedBatchError):
             return None
-        if pos + 12 + length > end:
-            break
-        (delta,) = _I32.unpack_from(buf, pos + _LAST_OFFSET_DELTA)
-        last = (base + delta + 1, epoch)
-        pos += 12 + length
-    return last
+    return None if last is None else (last.last_offset + 1, last.partition_leader_epoch)
 
 
 def _future() -> asyncio.Future[Held | None]:
