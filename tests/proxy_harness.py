@@ -18,6 +18,11 @@ from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_
 from tests.conftest import create_topic
 from tests.sidecar_harness import Produced
 
+UNHURRIED = 30.0
+"""``fetch_ahead_max_age_seconds`` for a test that counts answers asked ahead and served: on a loaded machine a
+client is often later than half the default 0.1 s after its answer (so none is asked ahead for it) or a held
+answer older than 0.1 s when claimed (dropped as stale); what such a test asserts must not hang on the load."""
+
 
 @contextmanager
 def proxy_for(config: Path, bootstrap: str, admin_config: dict[str, str] | None = None,

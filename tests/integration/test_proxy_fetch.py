@@ -13,7 +13,15 @@ from confluent_kafka import Consumer, TopicPartition
 
 from deploy.stack import Endpoints
 from tests.kafka_wire import RawKafka, batch_count, partition_errors
-from tests.proxy_harness import check_exact, console_consume, kcat_consume, proxy_bootstrap, proxy_for, read_all
+from tests.proxy_harness import (
+    UNHURRIED,
+    check_exact,
+    console_consume,
+    kcat_consume,
+    proxy_bootstrap,
+    proxy_for,
+    read_all,
+)
 from tests.reader_harness import TieredTopic, expected, tiered_topic
 from tests.sidecar_harness import write_config
 
@@ -37,7 +45,7 @@ def test_confluent_consumer_reads_everything_from_zero(stack: Endpoints, tiered:
     remote / broker boundary; the remote part came from remote storage, answers asked ahead among them."""
     ends = {p: tiered.end_offset(p) for p in tiered.by_partition}
     assert all(tiered.log_start(p) > 0 for p in ends)
-    with proxy_for(tiered.config, stack.bootstrap) as proxy:
+    with proxy_for(tiered.config, stack.bootstrap, fetch_ahead_max_age_seconds=UNHURRIED) as proxy:
         got = read_all(proxy_bootstrap(proxy), tiered.topic, ends, **{"isolation.level": isolation})
         remote = proxy.metrics.fetch_partitions.labels("remote")._value.get()
         ahead = proxy.metrics.fetch_ahead.labels("served")._value.get()

@@ -1,10 +1,11 @@
-"""Fetch ahead (``reader/proxy/fetch_ahead.py``) on the real stack: the next Fetch of a client that reads on is
-asked of the broker before the client sends it, and the client gets that answer only when its Fetch is the one
-predicted. Readers we did not write (kcat, Kafka's Java console consumer) and four confluent-kafka consumers of
-24 partitions read every record byte for byte with no offset missing; held answers are served (the metric
-shows it); a consumer that seeks back in the middle of a catch-up (its Fetch is not the one predicted) gets
-exactly the records at its new offset, and so does one behind a proxy whose held answers would always be too old
-(none is served); a client that asks for a held answer after the max age gets the broker's own answer."""
+"""Fetch ahead (``reader/proxy/fetch_ahead.py``) on the real stack: the next Fetch of a client that reads on is asked
+of the broker before the client sends it, and the client gets that answer only when its Fetch is the one predicted.
+Readers we did not write (kcat, Kafka's Java console consumer) and four confluent-kafka consumers of 24 partitions
+read every record byte for byte with no offset missing; held answers are served (the metric shows it, under a max
+age no load reaches: ``UNHURRIED``); a consumer that seeks back in the middle of a catch-up (its Fetch is not the
+one predicted) gets exactly the records at its new offset, and so does one behind a proxy whose held answers would
+always be too old (none is served); a client that asks for a held answer after the max age gets the broker's own
+answer."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from deploy.stack import Endpoints
 from reader.proxy import ProxyServer
 from tests.kafka_wire import RawKafka
 from tests.proxy_harness import (
+    UNHURRIED,
     check_exact,
     console_consume,
     kcat_consume,
@@ -59,7 +61,8 @@ def test_consumers_of_many_partitions_and_kcat_read_byte_for_byte_with_fetches_a
     topic, produced = many
     single, single_produced = one
     ends = {p: max(records) + 1 for p, records in produced.items()}
-    with proxy_for(write_config(stack, tmp_path, broker=1), stack.bootstrap) as proxy:
+    config = write_config(stack, tmp_path, broker=1)
+    with proxy_for(config, stack.bootstrap, fetch_ahead_max_age_seconds=UNHURRIED) as proxy:
         bootstrap = proxy_bootstrap(proxy)
         with ThreadPoolExecutor(6) as pool:
             readers = [pool.submit(read_all, bootstrap, topic, ends) for _ in range(4)]
@@ -82,7 +85,8 @@ def test_the_java_console_consumer_reads_every_record_with_fetches_asked_ahead(
     """Kafka's own consumer (fetch sessions asked for, declined by the proxy) gets each record at its offset (text
     records: the console consumer prints them as lines)."""
     topic, produced = random_topic(stack.bootstrap, 1, 6_000, text=True)
-    with proxy_for(write_config(stack, tmp_path, broker=1), stack.bootstrap) as proxy:
+    config = write_config(stack, tmp_path, broker=1)
+    with proxy_for(config, stack.bootstrap, fetch_ahead_max_age_seconds=UNHURRIED) as proxy:
         got = console_consume(proxy_bootstrap(proxy), topic, len(produced[0]))
         outcomes = _outcomes(proxy)
     print("fetch ahead:", outcomes)
@@ -90,7 +94,7 @@ def test_the_java_console_consumer_reads_every_record_with_fetches_asked_ahead(
     assert outcomes["served"] > 0, outcomes
 
 
-@pytest.mark.parametrize("max_age", [0.1, 1e-6], ids=["default", "always-too-old"])
+@pytest.mark.parametrize("max_age", [UNHURRIED, 1e-6], ids=["unhurried", "always-too-old"])
 def test_a_consumer_that_seeks_back_mid_catch_up_gets_the_records_at_its_new_offset(
     stack: Endpoints, tmp_path: Path, one: tuple[str, Produced], max_age: float
 ) -> None:
@@ -148,14 +152,14 @@ def test_an_answer_held_too_long_is_dropped_and_that_fetch_is_the_brokers_own(
     for byte what the broker gives straight at that offset."""
     topic, _ = one
     with (
-        proxy_for(write_config(stack, tmp_path, broker=1), stack.bootstrap, fetch_ahead_max_age_seconds=1.0) as proxy,
+        proxy_for(write_config(stack, tmp_path, broker=1), stack.bootstrap, fetch_ahead_max_age_seconds=3.0) as proxy,
         RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}") as through,
         RawKafka(stack.bootstrap) as straight,
     ):
         described = through.metadata(topic)
         assert described is not None
         topic_id, offset = described.topics[0].topic_id, 0
-        for pause in (0, 0, 2.5, 0):  # far from the max age either way, on a loaded machine too
+        for pause in (0, 0, 7.0, 0):  # far from the max age either way, on a loaded machine too
             time.sleep(pause)
             got = through.fetch(13, topic, topic_id, 0, offset, 64 * 1024)
             want = straight.fetch(13, topic, topic_id, 0, offset, 64 * 1024)
