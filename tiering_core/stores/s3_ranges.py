@@ -8,11 +8,21 @@ cover the Range header) and every GET of a range is one request on a per-thread 
 connection, its body read straight into the bytes returned. Errors keep the store's contract: a
 missing object is ObjectNotFound, a refused or reset connection or a 5xx answer StoreUnavailable, any
 other answer RemoteStoreError naming the key and the endpoint.
+
+An S3 server closes a keep-alive connection left idle (MinIO after 30 s, S3 after about 20): a reader idle that
+long found every thread's connection closed, took each for an unreachable store and slept the fetcher's backoff
+(``read_retry_backoff_seconds``) before its first read, about a second before the first record of a catch-up
+through the proxy. As urllib3 does, a kept connection the server has closed is seen before it is used (its
+socket reads as ready: the server's FIN, or bytes no request asked for) and opened again, and a request whose
+kept connection breaks before any of the answer came (the server closed it as the request went out) is sent
+once more on a new one at once: a GET of a range changes nothing, so sending it twice is safe.
 """
 
 from __future__ import annotations
 
 import http.client
+import select
+import socket
 import ssl
 import threading
 import time
@@ -24,6 +34,13 @@ from urllib.parse import urlsplit
 from tiering_core.stores.base import ObjectNotFound, RemoteStoreError, StoreUnavailable
 
 _URLS = 4096  # presigned URLs kept (one per object read recently)
+
+
+def _ready(sock: socket.socket) -> bool:
+    """Whether the socket has something to read now (poll, not select: a proxy's descriptors pass 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class PresignedRanges:
@@ -43,14 +60,7 @@ class PresignedRanges:
         where = f"get s3://{self.bucket}/{key} bytes {start}-{end}"
         for attempt in (0, 1):
             scheme, host, path = self._url(key, fresh=attempt > 0)
-            conn = self._connection(scheme, host)
-            try:
-                conn.request("GET", path, headers={"Range": f"bytes={start}-{end}"})
-                response = conn.getresponse()
-                body = response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop(scheme, host)
-                raise StoreUnavailable(self.endpoint, exc, where) from exc
+            response, body = self._get(scheme, host, path, f"bytes={start}-{end}", where)
             status = response.status
             if status in (200, 206):
                 return body if status == 206 else body[start : end + 1]
@@ -64,6 +74,27 @@ class PresignedRanges:
                 raise StoreUnavailable(self.endpoint, f"HTTP {status} {body[:200]!r}", where)
             raise RemoteStoreError(f"{where} at {self.endpoint}: HTTP {status}: {body[:300]!r}")
         raise AssertionError("unreachable")
+
+    def _get(self, scheme: str, host: str, path: str, span: str, where: str
+             ) -> tuple[http.client.HTTPResponse, bytes]:  # fmt: skip
+        """The answer to one GET and its body; on a kept connection that breaks before the answer begins, the
+        GET once more on a new connection. StoreUnavailable when the store did not answer."""
+        conn, kept = self._connection(scheme, host)
+        try:
+            try:
+                conn.request("GET", path, headers={"Range": span})
+                response = conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                if not kept:
+                    raise
+                self._drop(scheme, host)  # closed by the server as the request went out: not the store's fault
+                conn, _ = self._connection(scheme, host)
+                conn.request("GET", path, headers={"Range": span})
+                response = conn.getresponse()
+            return response, response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop(scheme, host)
+            raise StoreUnavailable(self.endpoint, exc, where) from exc
 
     def _url(self, key: str, fresh: bool) -> tuple[str, str, str]:
         now = time.monotonic()
@@ -97,16 +128,22 @@ class PresignedRanges:
             context.verify_mode = ssl.CERT_NONE
         return context
 
-    def _connection(self, scheme: str, host: str) -> http.client.HTTPConnection:
+    def _connection(self, scheme: str, host: str) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection to ``host`` and whether it was kept from an earlier GET; a kept one whose
+        socket reads as ready (the server closed it, or sent what no request asked for) is opened again."""
         conns: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault("conns", {})
         conn = conns.get((scheme, host))
-        if conn is None:
-            if scheme == "https":
-                conn = http.client.HTTPSConnection(host, timeout=self.timeout, context=self.ssl)
-            else:
-                conn = http.client.HTTPConnection(host, timeout=self.timeout)
-            conns[(scheme, host)] = conn
-        return conn
+        if conn is not None and conn.sock is not None and _ready(conn.sock):
+            self._drop(scheme, host)
+            conn = None
+        if conn is not None:
+            return conn, conn.sock is not None
+        if scheme == "https":
+            conn = http.client.HTTPSConnection(host, timeout=self.timeout, context=self.ssl)
+        else:
+            conn = http.client.HTTPConnection(host, timeout=self.timeout)
+        conns[(scheme, host)] = conn
+        return conn, False
 
     def _drop(self, scheme: str, host: str) -> None:
         conn = self._local.__dict__.get("conns", {}).pop((scheme, host), None)
