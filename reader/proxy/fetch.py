@@ -258,6 +258,10 @@ class FetchPlan:
                         offset=offset, error=str(exc))  # fmt: skip
             return _error(data_type, partition, ErrorCode.kafka_storage_error)
         except Exception as exc:  # the metadata WAL unreadable, a bug: the partition fails, not the connection
+            if view.closed:  # the proxy stopped under a read in flight (its download threads are gone)
+                log.info("remote read cut short: the proxy is stopping", topic=topic.name, partition=partition,
+                         offset=offset, error=str(exc))  # fmt: skip
+                return _error(data_type, partition, ErrorCode.kafka_storage_error)
             log.error("remote read failed unexpectedly; the client retries", topic=topic.name, partition=partition,
                       offset=offset, error=str(exc), exc_info=True)  # fmt: skip
             return _error(data_type, partition, ErrorCode.kafka_storage_error)

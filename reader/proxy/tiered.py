@@ -69,6 +69,7 @@ class TieredView:
     def __init__(self, reader: RemoteReader, cluster: KafkaCluster, cache_seconds: float, cursors: int,
                  memory_wait: float) -> None:  # fmt: skip
         self.reader = reader
+        self.closed = False  # ``close``: the proxy stops
         self.catalog: MetadataCatalog = reader.catalog
         self.cluster = cluster
         self.cache_seconds = cache_seconds
@@ -83,6 +84,8 @@ class TieredView:
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        """The proxy stops: remote reads still running in its threads may fail from here on (``closed``)."""
+        self.closed = True
         self.cursors.close()
 
     # -- names and ids --------------------------------------------------------------------------

@@ -131,6 +131,8 @@ class FakeView:
         self.refreshed: list[tuple[list[int], bool]] = []  # refresh_offsets calls: partitions, fresh
         self.asked_ids: list[str] = []  # live_key calls (a Metadata request each)
         self.in_memory: set[int] | None = None  # partitions a read that may not wait finds read ahead (None: all)
+        self.closed = False  # the proxy stopping
+        self.broken: Exception | None = None  # what ``read`` raises
 
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         return "t"
@@ -186,6 +188,8 @@ class FakeView:
             raise WouldBlock(f"partition {partition} is not read ahead")
         if offset in self.not_in_remote:
             raise NotInRemote(topic.name, partition, offset, 40)
+        if self.broken is not None:
+            raise self.broken
         self.reads.append((partition, offset))
         if read_committed and self.open_txns and not self.learned:
             return ServedBatches(b"", [], offset, undecided=self.open_txns)
@@ -303,6 +307,23 @@ def test_a_probe_the_broker_allows_is_answered_from_remote(code: ErrorCode) -> N
     assert parts[1].records == b"b" * 7
     assert plan.allowed == {"t"} and plan.served_remote == {("t", 0)}
     assert (0, 100) in view.observed if code == ErrorCode.none else (1, 100) in view.observed
+
+
+@pytest.mark.parametrize("stopping", [False, True], ids=["running", "stopping"])
+def test_a_read_failing_unexpectedly_is_a_storage_error_logged_as_an_error_unless_the_proxy_stops(
+    stopping: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The partition fails with KAFKA_STORAGE_ERROR (the client retries), never the connection; a bug is an
+    ERROR with its traceback, while a read the proxy's stopping cut short (its download threads shut: "cannot
+    schedule new futures after shutdown") is an INFO line."""
+    view = FakeView()
+    view.broken, view.closed = RuntimeError("cannot schedule new futures after shutdown"), stopping
+    plan = FetchPlan.make(12, fetch_request(12, {0: 50}), view)  # type: ignore[arg-type]
+    with caplog.at_level("INFO", logger="reader.proxy.fetch"):
+        plan.read_remote(view)  # type: ignore[arg-type]
+    assert [int(part.answer.error_code) for part in plan.remote] == [ErrorCode.kafka_storage_error.value]
+    levels = [(r.levelname, r.exc_info is not None) for r in caplog.records if r.name == "reader.proxy.fetch"]
+    assert levels == ([("INFO", False)] if stopping else [("ERROR", True)]), levels
 
 
 @pytest.mark.parametrize("version", [12, 13])
