@@ -150,6 +150,26 @@ def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints)
         assert r["bytes"] == r["records"] * r["record_size"] and r["mb_s"] > 0
 
 
+def test_bench_proxy_with_client_cpus_splits_clients_from_servers_and_leaves_the_stack_on_every_cpu(
+    stack: Endpoints,
+) -> None:
+    every = os.sched_getaffinity(0)
+    if len(every) < 2:
+        pytest.skip("needs two CPUs to split")
+    client = min(every)
+    result = CliRunner().invoke(
+        main, ["bench", "proxy", "--stack-dir", stack.stack_dir, "--size-mb", "16", "--rounds", "1",
+               "--no-reference-proxy", "--client-cpus", str(client)], catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert (summary["client_cpus"], summary["server_cpus"]) == ([client], sorted(every - {client}))
+    assert summary["remote_mb_s"]["1024"] > 0 and summary["passthrough_mb_s"]["1024"] > 0
+    for pid in (stack.brokers[0].pid, stack.s3.pid, stack.etcd.pid):
+        assert pid is not None
+        assert all(os.sched_getaffinity(t.id) == every for t in psutil.Process(pid).threads()), pid
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_bench_killed_by_a_signal_stops_the_stack_it_started(sig: signal.Signals, tmp_path: Path) -> None:
     """A bench on its own temporary stack, signalled once the stack is up (its endpoints.json written): it

@@ -23,7 +23,7 @@ from tests.proxy_harness import check_exact, proxy_bootstrap, proxy_for
 from tests.sidecar_harness import sidecars_running, wait_for, write_config
 from tiering_core.kafka_cluster import KafkaCluster, KafkaClusterError
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NOT_LEADER_OR_FOLLOWER = 6
 
 

@@ -37,6 +37,7 @@ from deploy.kroxylicious import start_kroxylicious
 from deploy.procs import free_port
 from deploy.sidecar_config import write_sidecar_config
 from tiering.bench.catchup import _CHILD, _produce, _tier, segment_bytes
+from tiering.bench.cpus import parse_cpus, pin, pinned_command
 from tiering.bench.sampling import ProcessSampler
 from tiering.bench.upload import run_sampled
 from tiering_core.kafka_logs import admin_client
@@ -123,9 +124,9 @@ def _cpu(proc: psutil.Process | None) -> float:
     return times.user + times.system
 
 
-def _read(bootstrap: str, topic: str, end: int, config: Path) -> dict:
+def _read(bootstrap: str, topic: str, end: int, config: Path, cpus: set[int] | None) -> dict:
     spec = {"bootstrap": bootstrap, "topic": topic, "end": end, "config": str(config)}
-    out, err, code, _ = run_sampled([sys.executable, "-c", _CHILD, "broker", json.dumps(spec)])
+    out, err, code, _ = run_sampled([sys.executable, "-c", pinned_command(_CHILD, cpus), "broker", json.dumps(spec)])
     if code != 0:
         raise click.ClickException(f"a read of {topic} through {bootstrap} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
@@ -153,8 +154,13 @@ class Reference:
               help="Also read the control topic through Kroxylicious, the Kafka community's proxy, with no "
                    "filters (its jars fetched once from Maven Central; needs a JDK): what a proxy that only "
                    "forwards frames costs the same consumer on this machine.")  # fmt: skip
+@click.option("--client-cpus", default=None, metavar="CPUS",
+              help="Run every reading consumer on these CPUs (0, 0,2 or 0-1) and every server (broker, S3 server, "
+                   "etcd, the proxy, Kroxylicious) on the others: a deployment's shape, where consumers run on other "
+                   "machines than the broker and its proxy, on one machine. Default: all share every CPU.")  # fmt: skip
 @stack_dir_option
-def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, stack_dir: Path | None) -> None:
+def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, client_cpus: str | None,
+                stack_dir: Path | None) -> None:  # fmt: skip
     """A confluent-kafka consumer through the proxy (remote data; local data) beside the same consumer
     straight from the broker's disk, and local data through Kroxylicious.
 
@@ -167,8 +173,9 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, st
     the reference proxy: `kroxylicious_passthrough_ratio` (local data through Kroxylicious / straight),
     `passthrough_vs_kroxylicious` (ours / Kroxylicious, local data), Kroxylicious' CPU per GB and peak RSS.
     Targets: ratio >= 0.8 (stretch 1.0), passthrough_ratio >= 0.9, proxy CPU <= 1.5 s/GB from remote and
-    <= 1.0 s/GB passed through.
+    <= 1.0 s/GB passed through. With --client-cpus, `client_cpus` and `server_cpus` say how they were split.
     """
+    clients = parse_cpus(client_cpus) if client_cpus is not None else None
     with bench_stack(stack_dir) as endpoints, ExitStack() as running:
         config = write_sidecar_config(endpoints, endpoints.brokers[0].id)
         admin = admin_client({"bootstrap.servers": endpoints.bootstrap})
@@ -183,8 +190,20 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, st
             reference = Reference(kroxylicious.bootstrap, ProcessSampler(kroxylicious.pid))
             running.callback(reference.sampler.stop)
         store = store_process(endpoints.s3.endpoint_url)
+        servers = None
+        if clients is not None:
+            servers = os.sched_getaffinity(0) - clients
+            pids = [b.pid for b in endpoints.brokers] + [endpoints.s3.pid, endpoints.etcd.pid, proxy.proc.pid]
+            if reference is not None:
+                pids.append(reference.sampler.process.pid)
+            if None in pids:
+                raise click.ClickException("--client-cpus pins the stack's processes: it needs the local-process "
+                                           "stack, not containers")  # fmt: skip
+            for pid in pids:
+                pin(pid, servers)
+                running.callback(pin, pid, clients | servers)  # a stack of --stack-dir is left as it was found
         summary = {size: _measure(endpoints.bootstrap, admin, config, proxy, reference, store, size, size_mb, codec,
-                                  rounds) for size in (100, 1024)}  # fmt: skip
+                                  rounds, clients) for size in (100, 1024)}  # fmt: skip
         running.close()
         ratio = {s: r["remote"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
         passthrough = {s: r["passthrough"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
@@ -214,12 +233,14 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, st
                 "kroxylicious_cpu_s_per_gb": {str(k): r["kroxylicious_cpu_s_per_gb"] for k, r in summary.items()},
                 "kroxylicious_peak_rss_mb": round(reference.sampler.peak / (1 << 20), 1),
             })  # fmt: skip
+        if clients is not None and servers is not None:
+            out.update(client_cpus=sorted(clients), server_cpus=sorted(servers))
         click.echo(json.dumps({**out, "size_mb": size_mb, "rounds": rounds, "codec": codec}))
 
 
 def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProcess, reference: Reference | None,
              store: psutil.Process | None, record_size: int, size_mb: int, codec: str,
-             rounds: int) -> dict:  # fmt: skip
+             rounds: int, clients: set[int] | None) -> dict:  # fmt: skip
     stamp = f"{os.getpid()}-{int(time.time())}-{record_size}"
     tiered, control = f"bench-proxy-tiered-{stamp}", f"bench-proxy-control-{stamp}"
     segment = segment_bytes(size_mb)
@@ -244,7 +265,7 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
             asked = proxy.fetch_ahead() if side in ahead else {}
             before = cpu_of[side]() if side in cpu_of else 0.0
             store_before = _cpu(store)
-            r = _read(server, topic, count, config)
+            r = _read(server, topic, count, config, clients)
             if side in cpu_of:
                 cpu[side].append((cpu_of[side]() - before) / (r["bytes"] / 1e9))
             if side in ahead:
