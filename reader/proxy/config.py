@@ -143,6 +143,12 @@ class ProxyListen(BaseModel):
         description="Requests being read from clients over all connections, until forwarded; past it reading "
         "requests waits. At least max_frame_bytes.",
     )  # fmt: skip
+    malloc_trim_threshold_bytes: int = Field(
+        default=32 * MIB, ge=0,
+        description="Freed memory the proxy keeps for its next answers rather than give back to the kernel "
+        "(glibc's M_TRIM_THRESHOLD; its M_MMAP_THRESHOLD to the same, at most 32 MiB). glibc's own moving thresholds "
+        "gave every ~1 MiB answer pages mapped and zeroed anew (tiering_core/allocator.py). 0: glibc's defaults.",
+    )  # fmt: skip
     max_memory_bytes: int = Field(
         default=2048 * MIB, ge=64 * MIB,
         description="The proxy's memory bound, checked at start against what the other settings let it hold: "

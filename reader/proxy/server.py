@@ -36,6 +36,7 @@ from reader.proxy.splice import PipePool, pipe_max_size
 from reader.proxy.tiered import TieredView
 from reader.proxy.turns import FetchTurns
 from reader.remote import RemoteReader
+from tiering_core.allocator import keep_freed_memory
 from tiering_core.errors import TieringError
 from tiering_core.kafka_client import client_properties
 from tiering_core.kafka_cluster import KafkaCluster
@@ -186,7 +187,9 @@ class ProxyServer:
             self.pipes.close()
 
     def run(self) -> None:
-        """Serve until SIGTERM or SIGINT (``tiering proxy serve``)."""
+        """Serve until SIGTERM or SIGINT (``tiering proxy serve``), the process' allocator set for its answers
+        (``proxy.malloc_trim_threshold_bytes``)."""
+        keep_freed_memory(self.settings.proxy.malloc_trim_threshold_bytes)
 
         async def main() -> None:
             stop = asyncio.Event()
