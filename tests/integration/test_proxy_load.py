@@ -10,6 +10,7 @@ bound: offsets requests never wait behind remote reads).
 from __future__ import annotations
 
 import datetime
+import json
 import random
 import resource
 import subprocess
@@ -68,6 +69,22 @@ def load_topic(
     tiered by a real sidecar (the broker keeps about ``segment_bytes`` locally) until every partition's log start
     is past 0."""
     topic = create_topic(stack.bootstrap, partitions, internal_segment_bytes=segment_bytes)
+    produced = produce_records(stack, topic, partitions, records)
+    path = write_config(stack, tmp_path)
+    result = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(segment_bytes),
+                                       "--config", str(path)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with running_sidecar(path) as (ctx, _):
+        wanted = [(topic, p) for p in range(partitions)]
+        wait_for(lambda: all(o.lx > 0 for o in ctx.cluster.local_offsets(wanted).values()), 300,
+                 "the sidecar to tier every partition and the broker to delete locally")  # fmt: skip
+        yield LoadTopic(topic, path, produced)
+
+
+def produce_records(
+    stack: Endpoints, topic: str, partitions: int, records: int
+) -> dict[int, dict[int, tuple[bytes, bytes]]]:
+    """``records`` records of 1 KB (random, incompressible) in each partition of ``topic``; what was produced."""
     rng = random.Random(partitions * records)
     produced: dict[int, dict[int, tuple[bytes, bytes]]] = {p: {} for p in range(partitions)}
     producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5, "batch.size": 16 * KIB,
@@ -88,15 +105,7 @@ def load_topic(
                     producer.poll(0.05)
         producer.poll(0)
     assert producer.flush(120) == 0
-    path = write_config(stack, tmp_path)
-    result = CliRunner().invoke(main, ["topic", "enable", topic, "--local-retention-bytes", str(segment_bytes),
-                                       "--config", str(path)])  # fmt: skip
-    assert result.exit_code == 0, result.output
-    with running_sidecar(path) as (ctx, _):
-        wanted = [(topic, p) for p in range(partitions)]
-        wait_for(lambda: all(o.lx > 0 for o in ctx.cluster.local_offsets(wanted).values()), 300,
-                 "the sidecar to tier every partition and the broker to delete locally")  # fmt: skip
-        yield LoadTopic(topic, path, produced)
+    return produced
 
 
 @dataclass
@@ -344,3 +353,33 @@ def test_two_hundred_clients_that_never_read(stack: Endpoints, tmp_path: Path) -
                 for client in clients:
                     client.close()
     check_everything(got, topic)
+
+
+def _minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (/proc/PID/stat, field 10)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+@pytest.mark.slow
+def test_the_serving_process_sets_the_allocators_thresholds(stack: Endpoints, tmp_path: Path) -> None:
+    """``proxy.malloc_trim_threshold_bytes`` reaches glibc in ``tiering proxy serve`` (tiering_core/allocator.py,
+    whose effect on page faults tests/unit/test_allocator.py measures), 0 leaves glibc's own thresholds, and
+    either way a consumer reading local data through the proxy gets every record, byte for byte. The faults per
+    MB of a second read are printed: how many depends on the answers' sizes, so they are not asserted here."""
+    records = 16 * MIB // RECORD_BYTES
+    topic = create_topic(stack.bootstrap, 1)
+    load = LoadTopic(topic, write_config(stack, tmp_path), produce_records(stack, topic, 1, records))
+    for trim in (0, 32 * MIB):
+        with proxy_process(stack, load, tmp_path, malloc_trim_threshold_bytes=trim) as proxy:
+            check_everything(read_all(proxy.bootstrap, topic, load.ends), load)
+            before = _minor_faults(proxy.process.pid)
+            check_everything(read_all(proxy.bootstrap, topic, load.ends), load)
+            per_mb = (_minor_faults(proxy.process.pid) - before) / (records * RECORD_BYTES / 1e6)
+            set_lines = [line for line in proxy.log.read_text().splitlines() if "allocator thresholds set" in line]
+        print(f"malloc_trim_threshold_bytes {trim}: {per_mb:.1f} minor faults per MB passed through")
+        if trim:
+            assert len(set_lines) == 1, proxy.log.read_text()[-3000:]
+            logged = json.loads(set_lines[0])
+            assert (logged["mmap_threshold"], logged["trim_threshold"]) == (trim, trim), logged
+        else:
+            assert not set_lines, set_lines
