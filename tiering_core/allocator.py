@@ -6,8 +6,8 @@ move on their own (a freed mapping raises the mmap threshold to its size and the
 that), which suits a process whose large buffers come one at a time. The proxy receives every Fetch answer of
 about 1 MiB into a new buffer (``reader/proxy/frames.py``), of slightly different sizes, two or three alive at
 once: their frees keep crossing the trim threshold, so the heap's top went back to the kernel and came back
-page by page, every page of every answer mapped and zeroed by the kernel again (measured: 128 minor page faults
-per MB passed through, 7.9 with the thresholds fixed; docs/design.md, "Where the proxy's time goes").
+page by page, every page of every answer mapped and zeroed by the kernel again (measured: 79-131 minor page faults
+per MB passed through, 5.6-5.7 with the thresholds fixed; docs/design.md, "The allocator's thresholds").
 
 Fixed thresholds stop that: freed buffers up to ``trim_bytes`` stay in the heap for the next answer. What the
 process holds is still bounded by its budgets (what is kept is memory it held live before, and is reused first).
