@@ -28,9 +28,9 @@ _INT_MAX = (1 << 31) - 1
 
 
 def keep_freed_memory(trim_bytes: int) -> bool:
-    """Keep up to ``trim_bytes`` of freed memory in the heap, and serve allocations up to
-    min(``trim_bytes``, 32 MiB) from it rather than from mappings of their own. False where the C library is
-    not glibc (nothing changed) or ``trim_bytes`` is 0 (glibc's own moving thresholds kept)."""
+    """Keep up to ``trim_bytes`` (at most 2 GiB - 1, glibc's int) of freed memory in the heap, and serve
+    allocations up to min(``trim_bytes``, 32 MiB) from it rather than from mappings of their own. False where the
+    C library is not glibc (nothing changed) or ``trim_bytes`` is 0 (glibc's own moving thresholds kept)."""
     if trim_bytes <= 0:
         return False
     try:
@@ -43,7 +43,8 @@ def keep_freed_memory(trim_bytes: int) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     mmap_bytes = min(trim_bytes, MMAP_THRESHOLD_MAX)
-    if not (mallopt(M_MMAP_THRESHOLD, mmap_bytes) and mallopt(M_TRIM_THRESHOLD, min(trim_bytes, _INT_MAX))):
+    trim_bytes = min(trim_bytes, _INT_MAX)  # mallopt takes an int: ctypes would wrap a larger value (8 GiB to 0)
+    if not (mallopt(M_MMAP_THRESHOLD, mmap_bytes) and mallopt(M_TRIM_THRESHOLD, trim_bytes)):
         log.warning("glibc refused the allocator's thresholds", mmap_threshold=mmap_bytes, trim_threshold=trim_bytes)
         return False
     log.info("allocator thresholds set", mmap_threshold=mmap_bytes, trim_threshold=trim_bytes)
