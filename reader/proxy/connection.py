@@ -214,7 +214,7 @@ class ClientConnection:
                                            f"expected {slot.correlation_id}")  # fmt: skip
             if not self.auth.done and answer is not None:
                 self.auth.answered(slot.api_key, slot.version, answer)
-            out = await slot.finish(answer) if slot.finish is not None else None
+            out = await slot.finish(slot, answer) if slot.finish is not None else None
             if slot.ahead is not None:  # asked ahead of the client: held for its next Fetch, not written
                 assert answer is not None
                 slot.ahead.arrived(self._held(slot, answer, out), functools.partial(self._done, slot, len(answer)))

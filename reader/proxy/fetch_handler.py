@@ -76,7 +76,7 @@ async def fetch(x: Exchange, req: Request) -> Slot:
 
     gate = None if plan.remote else PassThrough(server, plan, turns)
 
-    async def finish(answer: memoryview | None) -> Answer | None:
+    async def finish(slot: Slot, answer: memoryview | None) -> Answer | None:
         assert answer is not None
         nonlocal held
         start = response_body_start(answer, FETCH, version)
@@ -105,7 +105,7 @@ async def fetch(x: Exchange, req: Request) -> Slot:
             rewritten = server.router.rewrite(FETCH, body)
             changed = changed or rewritten is not body
             body = rewritten
-            slot.held = held = _account(x, held, body) if changed else held  # ``slot`` is bound below
+            slot.held = held = _account(x, held, body) if changed else held
             server.count_fetch(body, plan)
             body, throttle_ms = server.quotas.throttle(x.node_id, x.auth.user, client_id, body, version,
                                                        plan.served_remote)  # fmt: skip
@@ -134,7 +134,7 @@ def _serve_held(req: Request, held: Ahead, body_at: int) -> Slot:
     answer = held.answer.result()
     assert answer is not None
 
-    async def finish(_answer: memoryview | None) -> Answer:
+    async def finish(_slot: Slot, _answer: memoryview | None) -> Answer:
         return served(answer, req.correlation_id)
 
     slot = Slot(FETCH, req.version, req.correlation_id, req.started, False, finish, served=held, given=answer.given)

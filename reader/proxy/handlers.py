@@ -82,7 +82,7 @@ async def _offsets(x: Exchange, req: Request) -> Slot:
 
 
 def _rewriting(x: Exchange, api_key: int, version: int, correlation_id: int) -> Finish:
-    async def finish(answer: memoryview | None) -> Answer | None:
+    async def finish(_slot: Slot, answer: memoryview | None) -> Answer | None:
         assert answer is not None
         start = response_body_start(answer, api_key, version)
         try:
@@ -109,7 +109,7 @@ def _rewriting(x: Exchange, api_key: int, version: int, correlation_id: int) -> 
 def _completing(x: Exchange, api_key: int, version: int, correlation_id: int, request: Any) -> Finish:
     complete = answers.list_offsets if api_key == LIST_OFFSETS else answers.offset_for_leader_epoch
 
-    async def finish(answer: memoryview | None) -> Answer | None:
+    async def finish(_slot: Slot, answer: memoryview | None) -> Answer | None:
         assert answer is not None
         body = parse(response_type(api_key, version), answer, response_body_start(answer, api_key, version))
         loop = asyncio.get_running_loop()
@@ -122,7 +122,7 @@ def _completing(x: Exchange, api_key: int, version: int, correlation_id: int, re
 def _answered(frame: memoryview) -> Finish:
     """A slot's completion for an answer the proxy gives itself (no broker frame)."""
 
-    async def finish(_answer: memoryview | None) -> memoryview:
+    async def finish(_slot: Slot, _answer: memoryview | None) -> memoryview:
         return frame
 
     return finish

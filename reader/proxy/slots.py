@@ -15,7 +15,9 @@ from reader.proxy.services import ProxyServices
 from reader.proxy.splice import Gate
 
 Answer = bytes | memoryview | list[bytes | memoryview]  # one buffer, or pieces to write in order
-Finish = Callable[[memoryview | None], Awaitable[Answer | None]]
+# completes a slot's answer from the broker's frame; given its slot rather than closing over it, so that no reference
+# cycle holds the answer's buffers until the garbage collector runs (docs/design.md, "Answers freed when sent")
+Finish = Callable[["Slot", memoryview | None], Awaitable[Answer | None]]
 
 
 class FetchGate(Gate, Protocol):

@@ -59,12 +59,12 @@ class FetchTurns:
     def _hold(self, iterations: int) -> None:
         """No turn begins at once for ``iterations`` loop iterations (this one included)."""
         self._holds += 1
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop().call_soon(self._release, iterations)
 
-        def release(left: int) -> None:
-            if left > 1:
-                loop.call_soon(release, left - 1)
-            else:
-                self._holds -= 1
-
-        loop.call_soon(release, iterations)
+    def _release(self, left: int) -> None:
+        """One more loop iteration of a hold has passed. A method, not a closure that schedules itself: such a
+        closure refers to itself, a reference cycle per turn that only the garbage collector frees."""
+        if left > 1:
+            asyncio.get_running_loop().call_soon(self._release, left - 1)
+        else:
+            self._holds -= 1
