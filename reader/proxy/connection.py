@@ -34,14 +34,13 @@ from typing import Any
 from reader.proxy.authentication import Authentication
 from reader.proxy.budget import ByteBudget
 from reader.proxy.fetch import FETCH
-from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, given_by_scan, next_fetch
+from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, next_fetch
 from reader.proxy.frames import FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
-from reader.proxy.protocol import can_parse, peek_request, response_body_start
+from reader.proxy.protocol import can_parse, peek_request
 from reader.proxy.services import ProxyServices
 from reader.proxy.slots import Answer, Request, Slot
 from reader.proxy.splice import Relay
-from reader.proxy.wire import ProtocolError
 from tiering_core.errors import TieringError
 from tiering_core.logs import get_logger
 
@@ -219,10 +218,9 @@ class ClientConnection:
                 assert answer is not None
                 slot.ahead.arrived(self._held(slot, answer, out), functools.partial(self._done, slot, len(answer)))
                 continue
-            if slot.next is not None and self.fetch_ahead is not None and self.fetch_ahead.wanted():
-                given = slot.given if slot.given is not None or out is not None else self._given(slot, answer)
-                if given:
-                    self._ask_ahead(slot.next, given)
+            # wanted() notes when the answer went out, whatever it gave (slot.given: what its ``finish`` read)
+            if slot.next is not None and self.fetch_ahead is not None and self.fetch_ahead.wanted() and slot.given:
+                self._ask_ahead(slot.next, slot.given)
             if out is None:
                 assert answer is not None
                 writer.write(sized(answer))
@@ -250,18 +248,11 @@ class ClientConnection:
             slot.held = 0
 
     # -- fetch ahead (fetch_ahead.py) -------------------------------------------------------------
-    def _given(self, slot: Slot, answer: memoryview) -> list[Given] | None:
-        """What the broker's answer, going out as it came, gave (None: not one to read on from)."""
-        try:
-            return given_by_scan(answer, slot.version, response_body_start(answer, FETCH, slot.version))
-        except ProtocolError:
-            return None
-
     def _held(self, slot: Slot, answer: memoryview, out: Answer | None) -> Held | None:
         """The answer of a Fetch asked ahead as it will be written, if it is one to serve: not one without
         records (the client's own Fetch may wait at the broker for data; this one was asked with no wait), nor
         one throttled, with an error or with node endpoints."""
-        given = self._given(slot, answer) if out is None else slot.given
+        given = slot.given
         if given is None or not any(part.records for part in given):
             return None
         return Held([sized(answer)] if out is None else list(out) if isinstance(out, list) else [out], given)
@@ -277,10 +268,7 @@ class ClientConnection:
         answers = self.server.answers
         if not self.auth.done or 2 * answers.used > answers.capacity:
             return
-        try:
-            frame = next_fetch(request, given)
-        except ProtocolError:
-            return  # the client's own request goes to the broker, as without fetch ahead
+        frame = next_fetch(request, given)
         if frame is not None:
             self.asking = asyncio.create_task(self._send_ahead(frame, request, self.fetch_ahead.routed))
 

@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 
 from prometheus_client import Counter
 
-from reader.proxy.fetch_request import fetch_layout
-from reader.proxy.fetch_scan import scan_fetch
+from reader.proxy.fetch_request import FetchLayout, fetch_layout
+from reader.proxy.fetch_scan import ScannedFetch
 from reader.proxy.wire import ProtocolError
 from tiering_core.errors import FormatError
 from tiering_core.formats import TruncatedBatchError, scan_headers
@@ -51,6 +51,7 @@ class NextFetch(NamedTuple):
     frame: bytes
     start: int  # where its body begins
     version: int
+    layout: FetchLayout  # where its fields are (walked once: the prediction and its key use the same positions)
 
 
 class Given(NamedTuple):
@@ -63,13 +64,12 @@ class Given(NamedTuple):
     records: memoryview | None  # the records' bytes
 
 
-def given_by_scan(answer: memoryview, version: int, start: int) -> list[Given] | None:
-    """The partitions of a broker's answer received whole (its body at ``start``); None for an answer not to
-    read on from: a throttle, an error, node endpoints to rewrite. Raises ProtocolError."""
+def given_by_scan(answer: memoryview, start: int, scan: ScannedFetch, records_at: list[int]) -> list[Given] | None:
+    """The partitions of a broker's answer received whole (its body at ``start``), from its scan (``scan_fetch``,
+    each partition's records at ``records_at``); None for an answer not to read on from: a throttle, an error,
+    node endpoints to rewrite."""
     if _I32.unpack_from(answer, start)[0]:  # throttle_time_ms: the client backs off first
         return None
-    records_at: list[int] = []
-    scan = scan_fetch(answer, version, start, records_at)
     if not scan.plain:
         return None
     return [Given(p.topic, p.partition, p.high_watermark, p.last_stable_offset,
@@ -98,8 +98,9 @@ def next_fetch(request: NextFetch, given: list[Given]) -> bytes | None:
     ``request`` with each partition that got records at the end of its last whole batch (and that batch's
     leader epoch as ``last_fetched_epoch`` where the client sends one). None when there is no reason to ask
     ahead: no records, or no partition with more data waiting (the broker would hold the request for
-    ``max_wait``). Raises ProtocolError on a request that does not read."""
-    layout = fetch_layout(request.frame, request.start, request.version)
+    ``max_wait``). The prediction differs from ``request`` only in fields of fixed size: ``request.layout`` is
+    its layout too."""
+    layout = request.layout
     read_committed = request.frame[layout.max_wait + 12] == READ_COMMITTED
     ends: dict[tuple[object, int], tuple[int, int]] = {}
     more = False
@@ -142,12 +143,20 @@ def _future() -> asyncio.Future[Held | None]:
     return asyncio.get_running_loop().create_future()
 
 
-def request_key(frame: bytes, start: int, version: int) -> bytes:
-    """A Fetch request's bytes as the match of a prediction compares them: without its correlation id, and with
-    its partitions in a fixed order (librdkafka starts each Fetch one partition further round its list, so its
-    next request is the one predicted in another order; every client finds a partition of an answer by its
-    topic and index, and Java's checks the set). Raises ProtocolError."""
-    layout = fetch_layout(frame, start, version)
+def client_layout(frame: bytes, start: int, version: int) -> FetchLayout | None:
+    """Where a client's Fetch request's fields are, walked once for its claim and its next prediction; None for a
+    request that does not read (it is parsed in full next, which names what is wrong)."""
+    try:
+        return fetch_layout(frame, start, version)
+    except ProtocolError:
+        return None
+
+
+def request_key(frame: bytes, layout: FetchLayout) -> bytes:
+    """A Fetch request's bytes as the match of a prediction compares them (``layout``: where its fields are):
+    without its correlation id, and with its partitions in a fixed order (librdkafka starts each Fetch one
+    partition further round its list, so its next request is the one predicted in another order; every client
+    finds a partition of an answer by its topic and index, and Java's checks the set)."""
     entries = []
     for partitions in layout.topics:
         for at in partitions:
@@ -208,11 +217,12 @@ class FetchAhead:
         if routed != self.routed or self.held is not None:
             return None
         send = bytearray(frame)
-        _I32.pack_into(send, fetch_layout(frame, request.start, request.version).max_wait, 0)
-        return Ahead(request_key(frame, request.start, request.version), time.monotonic()), bytes(send)
+        _I32.pack_into(send, request.layout.max_wait, 0)  # the prediction's layout is its request's (next_fetch)
+        return Ahead(request_key(frame, request.layout), time.monotonic()), bytes(send)
 
-    async def claim(self, frame: bytes, start: int, version: int) -> Ahead | None:
-        """The held Fetch whose answer this client Fetch gets, once that answer came; None (the held one
+    async def claim(self, frame: bytes, layout: FetchLayout | None) -> Ahead | None:
+        """The held Fetch whose answer this client Fetch (its fields at ``layout``; None for a request that does
+        not read, which is parsed in full next and named there) gets, once that answer came; None (the held one
         dropped) when ``frame`` is not the request predicted, or the answer is not one to serve or too old.
         The caller frees it once the answer is out."""
         self.routed += 1
@@ -220,10 +230,7 @@ class FetchAhead:
         held, self.held = self.held, None
         if held is None:
             return None
-        try:
-            key = request_key(frame, start, version)
-        except ProtocolError:
-            key = b""  # the request is parsed in full next, which names what is wrong
+        key = b"" if layout is None else request_key(frame, layout)
         if key != held.key:
             held.free()
             self.outcomes.labels("missed").inc()

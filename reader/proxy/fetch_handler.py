@@ -16,7 +16,7 @@ from typing import Any
 from kio.static.primitive import i32
 
 from reader.proxy.fetch import FETCH, FetchPlan
-from reader.proxy.fetch_ahead import Ahead, NextFetch, given_by_body, served
+from reader.proxy.fetch_ahead import Ahead, NextFetch, client_layout, given_by_body, given_by_scan, served
 from reader.proxy.fetch_answer import encode_fetch_answer
 from reader.proxy.fetch_request import patched_fetch_request
 from reader.proxy.fetch_scan import scan_fetch
@@ -37,10 +37,13 @@ async def fetch(x: Exchange, req: Request) -> Slot:
     partition, the answer merged (fetch.py)."""
     frame, version, correlation_id, started = req.frame, req.version, req.correlation_id, req.started
     server = x.server
+    layout = None  # a client's Fetch whose next one may be asked ahead: where its fields are (fetch_ahead.py)
     if x.fetch_ahead is not None and not req.ahead:
         body_at = read_request_head(frame).body
-        if (held := await x.fetch_ahead.claim(frame, body_at, version)) is not None:
-            return _serve_held(req, held, body_at)
+        layout = client_layout(frame, body_at, version)
+        if (held := await x.fetch_ahead.claim(frame, layout)) is not None:
+            assert layout is not None  # claimed: its key matched
+            return _serve_held(req, held, NextFetch(frame, body_at, version, layout))
     turns = server.fetch_turns
     loop = asyncio.get_running_loop()
     sent = False
@@ -80,8 +83,13 @@ async def fetch(x: Exchange, req: Request) -> Slot:
         assert answer is not None
         nonlocal held
         start = response_body_start(answer, FETCH, version)
-        if gate is not None and await gate.passes(scan_fetch(answer, version, start)):  # fetch_scan.py
-            return None
+        if gate is not None:  # one scan (fetch_scan.py) for the decision and for asking the next Fetch ahead
+            records_at: list[int] = []
+            scan = scan_fetch(answer, version, start, records_at)
+            if await gate.passes(scan):
+                if x.fetch_ahead is not None:
+                    slot.given = given_by_scan(answer, start, scan, records_at)
+                return None
         if reading is not None:
             await reading  # before ``unread`` is asked: a partition is never read twice
         async with turns:
@@ -124,13 +132,13 @@ async def fetch(x: Exchange, req: Request) -> Slot:
 
     source = "remote" if plan.remote else "broker"
     slot = Slot(FETCH, version, correlation_id, started, True, finish, source, gate=gate)
-    if x.fetch_ahead is not None and not req.ahead:
-        slot.next = NextFetch(frame, head.body, version)
+    if layout is not None:
+        slot.next = NextFetch(frame, head.body, version, layout)
     return slot
 
 
-def _serve_held(req: Request, held: Ahead, body_at: int) -> Slot:
-    """A client Fetch answered with the answer of the Fetch asked ahead for it (fetch_ahead.py)."""
+def _serve_held(req: Request, held: Ahead, request: NextFetch) -> Slot:
+    """A client Fetch (``request``) answered with the answer of the Fetch asked ahead for it (fetch_ahead.py)."""
     answer = held.answer.result()
     assert answer is not None
 
@@ -138,7 +146,7 @@ def _serve_held(req: Request, held: Ahead, body_at: int) -> Slot:
         return served(answer, req.correlation_id)
 
     slot = Slot(FETCH, req.version, req.correlation_id, req.started, False, finish, served=held, given=answer.given)
-    slot.next = NextFetch(req.frame, body_at, req.version)
+    slot.next = request
     return slot
 
 

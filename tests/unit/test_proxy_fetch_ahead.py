@@ -20,6 +20,7 @@ from reader.proxy.fetch_ahead import (
     FetchAhead,
     Held,
     NextFetch,
+    client_layout,
     given_by_body,
     given_by_scan,
     last_batch_end,
@@ -27,6 +28,7 @@ from reader.proxy.fetch_ahead import (
     request_key,
     served,
 )
+from reader.proxy.fetch_scan import scan_fetch
 from reader.proxy.protocol import (
     build,
     nested,
@@ -90,10 +92,19 @@ def _answer(version: int, records: dict[tuple[int, int], bytes], *, high: int = 
     return response_frame(12, 1, version, body)[4:]
 
 
+def _next(frame: bytes, version: int) -> NextFetch:
+    """A client's Fetch as the Fetch handler keeps it to ask its next one ahead."""
+    start = read_request_head(frame).body
+    layout = client_layout(frame, start, version)
+    assert layout is not None
+    return NextFetch(frame, start, version, layout)
+
+
 def _predict(version: int, frame: bytes, answer: memoryview) -> bytes | None:
-    request = NextFetch(frame, read_request_head(frame).body, version)
+    request = _next(frame, version)
     start = response_body_start(answer, 1, version)
-    by_scan = given_by_scan(answer, version, start)
+    records_at: list[int] = []
+    by_scan = given_by_scan(answer, start, scan_fetch(answer, version, start, records_at), records_at)
     by_body = given_by_body(parse(response_type(1, version), answer, start), version)
     assert by_scan == by_body  # a broker's answer and one the proxy parsed (remote partitions merged) read alike
     return None if by_scan is None else next_fetch(request, by_scan)
@@ -135,6 +146,7 @@ def test_the_next_fetch_is_the_request_past_the_last_batch_of_each_partition(ver
     predicted = _predict(version, frame, answer)
     expected = _advanced(version, body, {(0, 0): (1030, 5), (1, 1): (2005, 6)})
     assert predicted == request_frame(read_request_head(frame), frame, expected)
+    assert _next(predicted, version).layout == _next(frame, version).layout  # what ask() and its key rely on
 
 
 @pytest.mark.parametrize("version", (12, 18))
@@ -163,14 +175,14 @@ def test_the_predicted_request_matches_in_any_partition_order_and_nothing_else(v
     """librdkafka starts each Fetch one partition further round its list: the same request in another order
     matches; another offset, size or isolation level does not."""
     frame, body = _request(version)
-    key = request_key(frame, read_request_head(frame).body, version)
+    key = request_key(frame, _next(frame, version).layout)
 
     def encoded(request: object) -> bytes:
         return request_frame(read_request_head(frame), frame, request)
 
     def key_of(request: object) -> bytes:
         other = encoded(request)
-        return request_key(other, read_request_head(other).body, version)
+        return request_key(other, _next(other, version).layout)
 
     topics = body.topics
     rotated = [dataclasses.replace(t, partitions=t.partitions[1:] + t.partitions[:1]) for t in topics]
@@ -196,9 +208,9 @@ def test_a_held_answer_goes_only_to_the_request_predicted_while_fresh_and_is_alw
         outcomes = Counter("fetch_ahead", "", ("outcome",), registry=CollectorRegistry())
         ahead = FetchAhead(0.05, outcomes)
         frame, _ = _request(13)
-        body = read_request_head(frame).body
-        request = NextFetch(frame, body, 13)
+        request = _next(frame, 13)
         other_id = frame[:4] + struct.pack(">i", 99) + frame[8:]  # the same request under another correlation id
+        layout = request.layout  # another correlation id: the same positions
         released: list[int] = []
 
         def hold(answer: Held | None) -> None:
@@ -211,7 +223,7 @@ def test_a_held_answer_goes_only_to_the_request_predicted_while_fresh_and_is_alw
             held.arrived(answer, lambda: released.append(1))
 
         hold(_received(b"\0\0\0\x0c" + b"answer"))
-        got = await ahead.claim(other_id, body, 13)
+        got = await ahead.claim(other_id, layout)
         assert got is not None and released == []
         held = got.answer.result()
         assert held is not None
@@ -222,17 +234,21 @@ def test_a_held_answer_goes_only_to_the_request_predicted_while_fresh_and_is_alw
         assert released == [1]
 
         hold(_received(b"\0\0\0\x0c"))
-        assert await ahead.claim(frame[:-1] + b"\1", body, 13) is None  # another request: dropped
+        changed = frame[:-1] + b"\1"
+        assert await ahead.claim(changed, _next(changed, 13).layout) is None  # another request: dropped
         assert released == [1, 1]
         hold(_received(b"\0\0\0\x0c"))
-        await asyncio.sleep(0.06)
-        assert await ahead.claim(other_id, body, 13) is None  # too old
+        assert await ahead.claim(frame, None) is None  # a request that does not read: dropped, parsed in full next
         assert released == [1, 1, 1]
-        hold(None)  # an answer not to serve: given back as it arrives
+        hold(_received(b"\0\0\0\x0c"))
+        await asyncio.sleep(0.06)
+        assert await ahead.claim(other_id, layout) is None  # too old
         assert released == [1, 1, 1, 1]
-        assert await ahead.claim(other_id, body, 13) is None
+        hold(None)  # an answer not to serve: given back as it arrives
+        assert released == [1, 1, 1, 1, 1]
+        assert await ahead.claim(other_id, layout) is None
         assert ahead.ask(frame, request, ahead.routed - 1) is None  # predicted before the client's last Fetch
-        assert _counts(outcomes) == {"served": 1, "missed": 1, "stale": 1, "unusable": 1}
+        assert _counts(outcomes) == {"served": 1, "missed": 2, "stale": 1, "unusable": 1}
 
     asyncio.run(run())
 
@@ -244,14 +260,14 @@ def test_nothing_is_asked_ahead_for_a_client_that_asks_late_after_its_answers() 
     async def run() -> None:
         ahead = FetchAhead(0.04, Counter("fetch_ahead", "", ("outcome",), registry=CollectorRegistry()))
         frame, _ = _request(13)
-        body = read_request_head(frame).body
+        layout = _next(frame, 13).layout
         assert ahead.wanted()  # a first answer: nothing known of the client yet
-        await ahead.claim(frame, body, 13)  # at once
+        await ahead.claim(frame, layout)  # at once
         assert ahead.wanted()
         await asyncio.sleep(0.03)
-        await ahead.claim(frame, body, 13)  # 30 ms after its answer: more than half of 40
+        await ahead.claim(frame, layout)  # 30 ms after its answer: more than half of 40
         assert not ahead.wanted()
-        await ahead.claim(frame, body, 13)
+        await ahead.claim(frame, layout)
         assert ahead.wanted()
 
     asyncio.run(run())
