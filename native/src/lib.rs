@@ -2,13 +2,14 @@
 //!
 //! The pure-Python decoder (`tiering_core.formats`) is the reference; this module accepts and rejects
 //! exactly the same inputs (the differential tests in tests/unit/test_native_decoder.py hold it to
-//! that). Three entry points:
+//! that). Three entry points, and one walk for the proxy:
 //!
 //! - `batch_payload`: a batch's records section, CRC-32C checked and decompressed (GIL released);
 //! - `decode_records`: records of a records section as tuples of a given tuple type (the messages the
 //!   TieredConsumer returns), built straight from the bytes;
 //! - `ColumnDecoder`: whole batches into plain column buffers for Arrow (the Spark data source),
-//!   GIL released for the whole walk.
+//!   GIL released for the whole walk;
+//! - `fetch_answer_scan`: a broker's Fetch answer's partition headers (`fetch_scan`), its records skipped.
 //!
 //! Corrupt input raises `DecodeError(kind, position, reason)` (kind: "format", "unsupported" or
 //! "truncated", as FormatError, UnsupportedFormatError and TruncatedBatchError; position: the batch's
@@ -23,6 +24,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 mod batch;
 mod columns;
+mod fetch_scan;
 mod lz4;
 mod protobuf;
 mod record;
@@ -245,11 +247,50 @@ fn decode_records<'py>(
     })?
 }
 
+/// A broker's Fetch answer of ``version`` from byte ``start`` (its body), walked by its lengths
+/// (`fetch_scan`): (top-level error, whether top-level tagged fields are present, the topics as named (16
+/// bytes of id, or the name), one tuple per partition (topic's index in those, partition index, error, high
+/// watermark, last stable offset, log start, records' size, where they begin)). ValueError naming what breaks.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn fetch_answer_scan<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    version: i16,
+    start: usize,
+) -> PyResult<(i16, bool, Bound<'py, PyList>, Bound<'py, PyList>)> {
+    with_buffer(buf, |data| {
+        let scanned = fetch_scan::scan(data, version, start).map_err(PyValueError::new_err)?;
+        let topics = PyList::empty(py);
+        for topic in &scanned.topics {
+            match topic {
+                fetch_scan::Topic::Id(id) => topics.append(PyBytes::new(py, id))?,
+                fetch_scan::Topic::Name(name) => topics.append(PyString::new(py, name))?,
+            }
+        }
+        let partitions = PyList::empty(py);
+        for p in &scanned.partitions {
+            partitions.append((
+                p.topic,
+                p.index,
+                p.error,
+                p.high_watermark,
+                p.last_stable,
+                p.log_start,
+                p.records,
+                p.records_at,
+            ))?;
+        }
+        Ok((scanned.error, scanned.tagged, topics, partitions))
+    })?
+}
+
 #[pymodule]
 fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
     m.add_function(wrap_pyfunction!(batch_payload, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(fetch_answer_scan, m)?)?;
     m.add_class::<columns::ColumnDecoder>()?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_compile, m)?)?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_json_schema, m)?)?;
