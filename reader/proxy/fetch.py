@@ -286,11 +286,13 @@ class FetchPlan:
     def observe(self, partitions: Iterable[ScannedPartition], view: TieredView) -> None:
         """Learn the broker's offsets from its answer's partitions (``fetch_scan``): those without error of the
         topics the request named."""
+        answered = []
         for p in partitions:
             name = self.offsets.get((p.topic, p.partition), (None, -1, 0))[0]
             topic = None if name is None or p.error_code else self._known(view, p.topic, name)
             if topic is not None:
-                view.observe(topic, p.partition, p.log_start_offset, p.high_watermark, p.last_stable_offset)
+                answered.append((topic, p.partition, p.log_start_offset, p.high_watermark, p.last_stable_offset))
+        view.observe(answered)
 
     def merge(self, broker: Any, view: TieredView) -> tuple[Any, bool]:
         """The broker's answer with each probe the broker allowed replaced by its remote partition (read now
@@ -439,8 +441,8 @@ def _holds(view: TieredView, topic: TopicKey, partition: int, offset: int) -> bo
 
 
 def _observe(view: TieredView, topic: TopicKey, p: Any) -> None:
-    view.observe(topic, int(p.partition_index), int(getattr(p, "log_start_offset", -1)), int(p.high_watermark),
-                 int(p.last_stable_offset))  # fmt: skip
+    view.observe([(topic, int(p.partition_index), int(getattr(p, "log_start_offset", -1)), int(p.high_watermark),
+                   int(p.last_stable_offset))])  # fmt: skip
 
 
 def _error(data_type: type, partition: int, code: ErrorCode) -> Any:

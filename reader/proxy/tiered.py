@@ -142,16 +142,19 @@ class TieredView:
         return key
 
     # -- the broker's offsets -------------------------------------------------------------------
-    def observe(self, topic: TopicKey, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
-        """A broker's answer for a partition (a Fetch without error): the newest values win."""
-        if log_start < 0 or high_watermark < 0:
-            return
+    def observe(self, answered: Iterable[tuple[TopicKey, int, int, int, int]]) -> None:
+        """A broker's answer for partitions (a Fetch without error): (topic, partition, log start, high watermark,
+        last stable offset) each; the newest values win. One answer's partitions under one hold of the lock."""
+        seen = time.monotonic()
         with self._lock:
-            old = self._offsets.get((topic.id, partition))
-            if old is not None and old.log_start > log_start and old.high_watermark >= high_watermark:
-                return  # an older answer arriving late (log start only grows)
-            self._offsets[(topic.id, partition)] = BrokerOffsets(log_start, high_watermark, last_stable,
-                                                                 time.monotonic())  # fmt: skip
+            offsets = self._offsets
+            for topic, partition, log_start, high_watermark, last_stable in answered:
+                if log_start < 0 or high_watermark < 0:
+                    continue
+                old = offsets.get((topic.id, partition))
+                if old is not None and old.log_start > log_start and old.high_watermark >= high_watermark:
+                    continue  # an older answer arriving late (log start only grows)
+                offsets[(topic.id, partition)] = BrokerOffsets(log_start, high_watermark, last_stable, seen)
 
     def known_offsets(self, topic: TopicKey, partition: int) -> BrokerOffsets | None:
         """The broker's offsets as last seen (never asks)."""

@@ -202,8 +202,8 @@ class FakeView:
     def remote_range(self, topic: TopicKey, partition: int, current: bool = False) -> tuple[int, int]:
         return (0, 150)
 
-    def observe(self, topic: TopicKey, partition: int, log_start: int, high_watermark: int, last_stable: int) -> None:
-        self.observed.append((partition, log_start))
+    def observe(self, answered: list[tuple[TopicKey, int, int, int, int]]) -> None:
+        self.observed.extend((partition, log_start) for _, partition, log_start, _, _ in answered)
 
 
 def fetch_request(version: int, offsets: dict[int, int], session: tuple[int, int] = (5, 3),
@@ -498,8 +498,8 @@ def test_a_name_created_again_forgets_the_old_incarnation() -> None:
     view._offsets, view._names, view._ids, view._lock = {}, {}, {}, threading.Lock()
     old, new = TopicKey("t", TOPIC_ID), TopicKey("t", uuid.UUID(int=8))
     view.learn_name(old.id, "t")
-    view.observe(old, 0, 3960, 6000, 6000)
-    view.observe(new, 0, 0, 10, 10)  # by id: the new topic's answer does not meet the old one's guard
+    view.observe([(old, 0, 3960, 6000, 6000)])
+    view.observe([(new, 0, 0, 10, 10)])  # by id: the new topic's answer does not meet the old one's guard
     assert view.known_log_start(old, 0) == 3960 and view.known_log_start(new, 0) == 0
     view.learn_name(new.id, "t")
     assert view.known_key("t") == new and view.known_log_start(old, 0) is None and view.known_log_start(new, 0) == 0
