@@ -1,9 +1,10 @@
-//! A broker's Fetch answer walked by the lengths it carries, for the proxy (`reader/proxy/fetch_scan.py`).
+//! A broker's Fetch answer, and a client's Fetch request, walked by the lengths they carry, for the proxy
+//! (`reader/proxy/fetch_scan.py`, `reader/proxy/fetch_request.py`).
 //!
-//! The Python walk (`fetch_walk` driven by `scan_fetch`) is the reference: this one reads the same fields of the
-//! same versions (Kafka's FetchResponse.json v4-18, from the answer's body) and fails on the same inputs
-//! (tests/unit/test_native_fetch_scan.py holds the two together, broken answers included). What fails, and why,
-//! is only said in words: the caller raises its own ProtocolError.
+//! The Python walks (`fetch_walk` driven by `walk_fetch`; `fetch_request._layout`) are the reference: these read
+//! the same fields of the same versions (Kafka's FetchResponse.json and FetchRequest.json v4-18, from the body) and
+//! fail on the same inputs (tests/unit/test_native_fetch_scan.py holds them together, broken frames included).
+//! What fails, and why, is only said in words: the caller raises its own ProtocolError.
 
 /// One partition's header: index, error, high watermark, last stable offset, log start (-1 before v5), the
 /// records' size and where they begin.
@@ -94,14 +95,30 @@ impl<'a> Cursor<'a> {
         Ok(n.max(0) as usize)
     }
 
-    /// A tagged-field section skipped (`wire.skip_tagged_fields`), then checked not to end after the answer.
-    fn tagged(&mut self) -> Result<(), Fail> {
+    /// A topic as a Fetch answer or request names it: 16 bytes of id (v13+), else a name (compact from v12).
+    fn topic(&mut self, version: i16) -> Result<Topic<'a>, Fail> {
+        if version >= 13 {
+            return Ok(Topic::Id(self.take(16).map_err(|_| "a topic id ends after the frame")?));
+        }
+        let size = self.length(version >= 12, true)?;
+        let name = self.take(size).map_err(|_| "a topic name ends after the frame")?;
+        Ok(Topic::Name(std::str::from_utf8(name).map_err(|e| format!("a topic name is not UTF-8: {e}"))?))
+    }
+
+    /// A tagged-field section skipped (`wire.skip_tagged_fields`: not checked against the end).
+    fn skip_tagged(&mut self) -> Result<(), Fail> {
         let count = self.uvarint()?;
         for _ in 0..count {
             self.uvarint()?;
             let size = self.uvarint()? as usize;
             self.skip(size)?;
         }
+        Ok(())
+    }
+
+    /// A tagged-field section skipped, then checked not to end after the answer (`fetch_scan._tagged`).
+    fn tagged(&mut self) -> Result<(), Fail> {
+        self.skip_tagged()?;
         if self.pos > self.buf.len() {
             return Err("tagged fields end after the answer".into());
         }
@@ -126,13 +143,7 @@ pub fn scan(buf: &[u8], version: i16, start: usize) -> Result<Scan<'_>, Fail> {
     let mut topics = Vec::new();
     let mut partitions = Vec::new();
     for t in 0..topic_count {
-        if version >= 13 {
-            topics.push(Topic::Id(c.take(16).map_err(|_| "a topic id ends after the answer")?));
-        } else {
-            let size = c.length(flexible, true)?;
-            let name = c.take(size).map_err(|_| "a topic name ends after the answer")?;
-            topics.push(Topic::Name(std::str::from_utf8(name).map_err(|e| format!("a topic name is not UTF-8: {e}"))?));
-        }
+        topics.push(c.topic(version)?);
         let count = c.length(flexible, false)?;
         for _ in 0..count {
             let index = c.i32()?;
@@ -186,4 +197,79 @@ pub fn scan(buf: &[u8], version: i16, start: usize) -> Result<Scan<'_>, Fail> {
         return Err(format!("{after} bytes after its fields"));
     }
     Ok(Scan { error, tagged, topics, partitions })
+}
+
+/// Where one partition's fields are in a Fetch request: index, fetch_offset, last_fetched_epoch (0 before v12:
+/// none), partition_max_bytes, and where the partition begins and ends.
+pub struct PartitionAt {
+    pub topic: usize,
+    pub index: i32,
+    pub offset: usize,
+    pub epoch: Option<usize>,
+    pub max_bytes: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+pub struct Layout<'a> {
+    pub max_wait: usize,
+    pub session: Option<usize>,
+    pub topics: Vec<Topic<'a>>,
+    pub partitions: Vec<PartitionAt>,
+    pub forgotten: usize,
+    pub topics_at: usize,
+    pub topics_end: usize,
+}
+
+/// The positions of a Fetch request's fields, its body at `start` (`fetch_request._layout`).
+pub fn layout(buf: &[u8], version: i16, start: usize) -> Result<Layout<'_>, Fail> {
+    let flexible = version >= 12;
+    let mut c = Cursor { buf, pos: start };
+    if version <= 14 {
+        c.skip(4)?; // replica_id
+    }
+    let max_wait = c.pos;
+    c.skip(13)?; // max_wait, min_bytes, max_bytes, isolation_level
+    let mut session = None;
+    if version >= 7 {
+        session = Some(c.pos);
+        c.skip(8)?;
+    }
+    let topics_at = c.pos;
+    let topic_count = c.length(flexible, false)?;
+    let mut topics = Vec::new();
+    let mut partitions = Vec::new();
+    for t in 0..topic_count {
+        topics.push(c.topic(version)?);
+        let count = c.length(flexible, false)?;
+        for _ in 0..count {
+            let start = c.pos;
+            let index = c.i32()?;
+            if version >= 9 {
+                c.skip(4)?; // current_leader_epoch
+            }
+            let offset = c.pos;
+            c.skip(8)?;
+            let mut epoch = None;
+            if version >= 12 {
+                epoch = Some(c.pos);
+                c.skip(4)?;
+            }
+            if version >= 5 {
+                c.skip(8)?; // log_start_offset
+            }
+            let max_bytes = c.pos;
+            c.i32()?;
+            if flexible {
+                c.skip_tagged()?;
+            }
+            partitions.push(PartitionAt { topic: t, index, offset, epoch, max_bytes, start, end: c.pos });
+        }
+        if flexible {
+            c.skip_tagged()?;
+        }
+    }
+    let topics_end = c.pos;
+    let forgotten = if version >= 7 { c.length(flexible, false)? } else { 0 };
+    Ok(Layout { max_wait, session, topics, partitions, forgotten, topics_at, topics_end })
 }

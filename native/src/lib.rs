@@ -2,14 +2,15 @@
 //!
 //! The pure-Python decoder (`tiering_core.formats`) is the reference; this module accepts and rejects
 //! exactly the same inputs (the differential tests in tests/unit/test_native_decoder.py hold it to
-//! that). Three entry points, and one walk for the proxy:
+//! that). Three entry points, and two walks for the proxy:
 //!
 //! - `batch_payload`: a batch's records section, CRC-32C checked and decompressed (GIL released);
 //! - `decode_records`: records of a records section as tuples of a given tuple type (the messages the
 //!   TieredConsumer returns), built straight from the bytes;
 //! - `ColumnDecoder`: whole batches into plain column buffers for Arrow (the Spark data source),
 //!   GIL released for the whole walk;
-//! - `fetch_answer_scan`: a broker's Fetch answer's partition headers (`fetch_scan`), its records skipped.
+//! - `fetch_answer_scan`: a broker's Fetch answer's partition headers (`fetch_scan`), its records skipped;
+//! - `fetch_request_layout`: where a client's Fetch request's fields are.
 //!
 //! Corrupt input raises `DecodeError(kind, position, reason)` (kind: "format", "unsupported" or
 //! "truncated", as FormatError, UnsupportedFormatError and TruncatedBatchError; position: the batch's
@@ -261,13 +262,7 @@ fn fetch_answer_scan<'py>(
 ) -> PyResult<(i16, bool, Bound<'py, PyList>, Bound<'py, PyList>)> {
     with_buffer(buf, |data| {
         let scanned = fetch_scan::scan(data, version, start).map_err(PyValueError::new_err)?;
-        let topics = PyList::empty(py);
-        for topic in &scanned.topics {
-            match topic {
-                fetch_scan::Topic::Id(id) => topics.append(PyBytes::new(py, id))?,
-                fetch_scan::Topic::Name(name) => topics.append(PyString::new(py, name))?,
-            }
-        }
+        let topics = topic_list(py, &scanned.topics)?;
         let partitions = PyList::empty(py);
         for p in &scanned.partitions {
             partitions.append((
@@ -285,12 +280,51 @@ fn fetch_answer_scan<'py>(
     })?
 }
 
+/// A client's Fetch request of ``version``, its body at ``start``, walked for where its fields are
+/// (`fetch_scan::layout`): (max_wait's position, the session's (-1 before v7), the topics as named (16 bytes of
+/// id, or the name), one tuple per partition (topic's index in those, partition index, and the positions of
+/// fetch_offset, last_fetched_epoch (-1 before v12), partition_max_bytes, the partition's start and end), the
+/// forgotten topics' count, where the topics begin and end). ValueError naming what breaks.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn fetch_request_layout<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    version: i16,
+    start: usize,
+) -> PyResult<(usize, i64, Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize)> {
+    with_buffer(buf, |data| {
+        let layout = fetch_scan::layout(data, version, start).map_err(PyValueError::new_err)?;
+        let topics = topic_list(py, &layout.topics)?;
+        let partitions = PyList::empty(py);
+        for p in &layout.partitions {
+            let epoch = p.epoch.map_or(-1, |e| e as i64);
+            partitions.append((p.topic, p.index, p.offset, epoch, p.max_bytes, p.start, p.end))?;
+        }
+        let session = layout.session.map_or(-1, |s| s as i64);
+        Ok((layout.max_wait, session, topics, partitions, layout.forgotten, layout.topics_at, layout.topics_end))
+    })?
+}
+
+/// The topics of a Fetch answer or request as Python objects: bytes of an id, or str of a name.
+fn topic_list<'py>(py: Python<'py>, named: &[fetch_scan::Topic<'_>]) -> PyResult<Bound<'py, PyList>> {
+    let topics = PyList::empty(py);
+    for topic in named {
+        match topic {
+            fetch_scan::Topic::Id(id) => topics.append(PyBytes::new(py, id))?,
+            fetch_scan::Topic::Name(name) => topics.append(PyString::new(py, name))?,
+        }
+    }
+    Ok(topics)
+}
+
 #[pymodule]
 fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
     m.add_function(wrap_pyfunction!(batch_payload, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_answer_scan, m)?)?;
+    m.add_function(wrap_pyfunction!(fetch_request_layout, m)?)?;
     m.add_class::<columns::ColumnDecoder>()?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_compile, m)?)?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_json_schema, m)?)?;

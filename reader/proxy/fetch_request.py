@@ -17,6 +17,7 @@ import uuid
 from typing import Any, NamedTuple
 
 from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length
+from tiering_core.formats.native import NATIVE
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -45,16 +46,30 @@ class FetchLayout(NamedTuple):
     topics_end: int  # and ends
 
 
+_NATIVE_LAYOUT = getattr(NATIVE, "fetch_request_layout", None)
+
+
 def fetch_layout(frame: bytes | bytearray | memoryview, start: int, version: int) -> FetchLayout:
-    """The positions of a Fetch request's fields, its body at ``start``. Raises ProtocolError on a frame that
-    does not read as a Fetch request of ``version``."""
+    """The positions of a Fetch request's fields, its body at ``start``: walked by the compiled module where it is
+    built (``tiering_native.fetch_request_layout``, held to ``walk_layout`` by tests/unit/test_native_fetch_scan.py),
+    else in Python. Raises ProtocolError on a frame that does not read as a Fetch request of ``version``."""
     try:
-        return _layout(frame, start, version)
+        return walk_layout(frame, start, version) if _NATIVE_LAYOUT is None else _compiled(frame, start, version)
     except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"a Fetch v{version} request ends or breaks inside its fields: {exc}") from None
 
 
-def _layout(frame: bytes | bytearray | memoryview, pos: int, version: int) -> FetchLayout:
+def _compiled(frame: bytes | bytearray | memoryview, start: int, version: int) -> FetchLayout:
+    assert _NATIVE_LAYOUT is not None
+    max_wait, session, named, rows, forgotten, topics_at, topics_end = _NATIVE_LAYOUT(frame, version, start)
+    keys = [uuid.UUID(bytes=topic) if isinstance(topic, bytes) else topic for topic in named]
+    topics: list[list[PartitionAt]] = [[] for _ in keys]
+    for t, index, offset, epoch, max_bytes, begin, end in rows:
+        topics[t].append(PartitionAt(keys[t], index, offset, epoch, max_bytes, begin, end))
+    return FetchLayout(max_wait, session, topics, forgotten, topics_at, topics_end)
+
+
+def walk_layout(frame: bytes | bytearray | memoryview, pos: int, version: int) -> FetchLayout:
     flexible = version >= 12
     if version <= 14:
         pos += 4  # replica_id

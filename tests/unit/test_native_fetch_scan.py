@@ -1,7 +1,8 @@
-"""The compiled scan of a broker's Fetch answer (``tiering_native.fetch_answer_scan``, native/src/fetch_scan.rs)
-against the Python walk it replaces (``walk_fetch``, the reference): the same partition headers, top-level error,
-tagged flag and records' positions at every version the proxy handles, and the same answers refused, cut at
-every byte or with any byte changed."""
+"""The compiled walks of the proxy (native/src/fetch_scan.rs) against the Python ones they replace, the reference:
+a broker's Fetch answer (``tiering_native.fetch_answer_scan`` against ``walk_fetch``: the same partition headers,
+top-level error, tagged flag and records' positions) and a client's Fetch request (``fetch_request_layout``
+against ``walk_layout``: the same positions), at every version the proxy handles, and the same frames refused,
+cut at every byte or with any byte changed."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import random
 import pytest
 from kio.schema.errors import ErrorCode
 
-from reader.proxy import fetch_scan
+from reader.proxy import fetch_request, fetch_scan
+from reader.proxy.fetch_request import FetchLayout, fetch_layout
 from reader.proxy.fetch_scan import ScannedFetch, scan_fetch, walk_fetch
-from reader.proxy.protocol import ProtocolError, response_body_start
+from reader.proxy.protocol import ProtocolError, read_request_head, response_body_start
 from tests.fetch_answers import VERSIONS, fetch_answer
+from tests.unit.test_proxy_fetch_request import _request
 
 native = pytest.importorskip("tiering_native", reason="the compiled module is not built (bash deploy/setup.sh)")
 
@@ -22,6 +25,19 @@ native = pytest.importorskip("tiering_native", reason="the compiled module is no
 def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """``scan_fetch`` on the compiled scan, even where TIERING_NATIVE_DECODER=0 turned the module off."""
     monkeypatch.setattr(fetch_scan, "_NATIVE_SCAN", native.fetch_answer_scan)
+
+
+def _layouts(frame: bytes | bytearray, version: int, start: int) -> tuple[FetchLayout | str, FetchLayout | str]:
+    """The request's layout (or "refused") by the compiled walk and by the Python one."""
+    out: list[FetchLayout | str] = []
+    for walk in (native.fetch_request_layout, None):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fetch_request, "_NATIVE_LAYOUT", walk)
+            try:
+                out.append(fetch_layout(frame, start, version))
+            except ProtocolError:
+                out.append("refused")
+    return out[0], out[1]
 
 
 def _outcome(scan: object, frame: bytes | memoryview, version: int, start: int) -> tuple[ScannedFetch, list[int]] | str:
@@ -83,3 +99,31 @@ def test_an_answer_with_any_byte_changed_gives_the_same_outcome_to_both(version:
 def test_an_answer_that_starts_past_its_end_is_refused() -> None:
     frame, _ = fetch_answer(13)
     assert _outcome(scan_fetch, frame, 13, len(frame) + 1) == _outcome(walk_fetch, frame, 13, len(frame) + 1)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_compiled_request_layout_is_the_python_one(version: int) -> None:
+    for forgotten in (False, True):
+        frame, _ = _request(version, forgotten)
+        start = read_request_head(frame).body
+        compiled, python = _layouts(frame, version, start)
+        assert compiled == python and not isinstance(compiled, str), forgotten
+
+
+@pytest.mark.parametrize("version", (4, 7, 9, 12, 13, 15, 18))
+def test_a_request_cut_or_changed_anywhere_gives_the_same_outcome_to_both(version: int) -> None:
+    frame, _ = _request(version, forgotten=True)
+    start = read_request_head(frame).body
+    rng = random.Random(version)
+    refused = 0
+    for end in range(start, len(frame)):
+        compiled, python = _layouts(frame[:end], version, start)
+        assert compiled == python, end
+        refused += compiled == "refused"
+    for pos in range(start, len(frame)):
+        for value in (0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)):
+            changed = bytearray(frame)
+            changed[pos] = value
+            compiled, python = _layouts(changed, version, start)
+            assert compiled == python, (pos, value)
+    assert refused > 0
