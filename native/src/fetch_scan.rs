@@ -41,7 +41,11 @@ type Fail = String;
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], Fail> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or("the answer ends inside a field")?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or("the answer ends inside a field")?;
         let out = &self.buf[self.pos..end];
         self.pos = end;
         Ok(out)
@@ -102,7 +106,30 @@ impl<'a> Cursor<'a> {
         }
         let size = self.length(version >= 12, true)?;
         let name = self.take(size).map_err(|_| "a topic name ends after the frame")?;
-        Ok(Topic::Name(std::str::from_utf8(name).map_err(|e| format!("a topic name is not UTF-8: {e}"))?))
+        Ok(Topic::Name(
+            std::str::from_utf8(name).map_err(|e| format!("a topic name is not UTF-8: {e}"))?,
+        ))
+    }
+
+    /// A Fetch answer's or request's topics array: each topic's id or name, then `partition` for each of its
+    /// partitions (given the topic's index), then (flexible versions) the topic's tagged fields.
+    fn topics(
+        &mut self,
+        version: i16,
+        mut partition: impl FnMut(&mut Self, usize) -> Result<(), Fail>,
+    ) -> Result<Vec<Topic<'a>>, Fail> {
+        let flexible = version >= 12;
+        let mut topics = Vec::new();
+        for t in 0..self.length(flexible, false)? {
+            topics.push(self.topic(version)?);
+            for _ in 0..self.length(flexible, false)? {
+                partition(self, t)?;
+            }
+            if flexible {
+                self.tagged()?;
+            }
+        }
+        Ok(topics)
     }
 
     /// A tagged-field section skipped (`wire.skip_tagged_fields`: not checked against the end).
@@ -139,53 +166,45 @@ pub fn scan(buf: &[u8], version: i16, start: usize) -> Result<Scan<'_>, Fail> {
         error = c.i16()?;
         c.i32()?; // session_id
     }
-    let topic_count = c.length(flexible, false)?;
-    let mut topics = Vec::new();
     let mut partitions = Vec::new();
-    for t in 0..topic_count {
-        topics.push(c.topic(version)?);
-        let count = c.length(flexible, false)?;
-        for _ in 0..count {
-            let index = c.i32()?;
-            let error = c.i16()?;
-            let high_watermark = c.i64()?;
-            let last_stable = c.i64()?;
-            let log_start = if version >= 5 { c.i64()? } else { -1 };
-            let aborted = c.length(flexible, false)?;
-            if flexible {
-                for _ in 0..aborted {
-                    c.skip(16)?; // producer_id, first_offset
-                    c.tagged()?;
-                }
-            } else {
-                c.skip(aborted.checked_mul(16).ok_or("a length overflows")?)?;
-            }
-            if version >= 11 {
-                c.skip(4)?; // preferred_read_replica
-            }
-            let records = c.length(flexible, false)?;
-            if c.pos > buf.len() {
-                return Err("a partition header ends after the answer".into());
-            }
-            partitions.push(Partition {
-                topic: t,
-                index,
-                error,
-                high_watermark,
-                last_stable,
-                log_start,
-                records,
-                records_at: c.pos,
-            });
-            c.skip(records)?;
-            if flexible {
+    let topics = c.topics(version, |c, t| {
+        let index = c.i32()?;
+        let error = c.i16()?;
+        let high_watermark = c.i64()?;
+        let last_stable = c.i64()?;
+        let log_start = if version >= 5 { c.i64()? } else { -1 };
+        let aborted = c.length(flexible, false)?;
+        if flexible {
+            for _ in 0..aborted {
+                c.skip(16)?; // producer_id, first_offset
                 c.tagged()?;
             }
+        } else {
+            c.skip(aborted.checked_mul(16).ok_or("a length overflows")?)?;
         }
+        if version >= 11 {
+            c.skip(4)?; // preferred_read_replica
+        }
+        let records = c.length(flexible, false)?;
+        if c.pos > c.buf.len() {
+            return Err("a partition header ends after the answer".into());
+        }
+        partitions.push(Partition {
+            topic: t,
+            index,
+            error,
+            high_watermark,
+            last_stable,
+            log_start,
+            records,
+            records_at: c.pos,
+        });
+        c.skip(records)?;
         if flexible {
             c.tagged()?;
         }
-    }
+        Ok(())
+    })?;
     let mut tagged = false;
     if flexible {
         let mut peek = Cursor { buf, pos: c.pos };
@@ -193,10 +212,19 @@ pub fn scan(buf: &[u8], version: i16, start: usize) -> Result<Scan<'_>, Fail> {
         c.tagged()?;
     }
     if c.pos != buf.len() {
-        let after = if c.pos > buf.len() { "fewer".to_string() } else { (buf.len() - c.pos).to_string() };
+        let after = if c.pos > buf.len() {
+            "fewer".to_string()
+        } else {
+            (buf.len() - c.pos).to_string()
+        };
         return Err(format!("{after} bytes after its fields"));
     }
-    Ok(Scan { error, tagged, topics, partitions })
+    Ok(Scan {
+        error,
+        tagged,
+        topics,
+        partitions,
+    })
 }
 
 /// Where one partition's fields are in a Fetch request: index, fetch_offset, last_fetched_epoch (0 before v12:
@@ -236,40 +264,48 @@ pub fn layout(buf: &[u8], version: i16, start: usize) -> Result<Layout<'_>, Fail
         c.skip(8)?;
     }
     let topics_at = c.pos;
-    let topic_count = c.length(flexible, false)?;
-    let mut topics = Vec::new();
     let mut partitions = Vec::new();
-    for t in 0..topic_count {
-        topics.push(c.topic(version)?);
-        let count = c.length(flexible, false)?;
-        for _ in 0..count {
-            let start = c.pos;
-            let index = c.i32()?;
-            if version >= 9 {
-                c.skip(4)?; // current_leader_epoch
-            }
-            let offset = c.pos;
-            c.skip(8)?;
-            let mut epoch = None;
-            if version >= 12 {
-                epoch = Some(c.pos);
-                c.skip(4)?;
-            }
-            if version >= 5 {
-                c.skip(8)?; // log_start_offset
-            }
-            let max_bytes = c.pos;
-            c.i32()?;
-            if flexible {
-                c.skip_tagged()?;
-            }
-            partitions.push(PartitionAt { topic: t, index, offset, epoch, max_bytes, start, end: c.pos });
+    let topics = c.topics(version, |c, t| {
+        let start = c.pos;
+        let index = c.i32()?;
+        if version >= 9 {
+            c.skip(4)?; // current_leader_epoch
         }
+        let offset = c.pos;
+        c.skip(8)?;
+        let mut epoch = None;
+        if version >= 12 {
+            epoch = Some(c.pos);
+            c.skip(4)?;
+        }
+        if version >= 5 {
+            c.skip(8)?; // log_start_offset
+        }
+        let max_bytes = c.pos;
+        c.i32()?;
         if flexible {
             c.skip_tagged()?;
         }
-    }
+        partitions.push(PartitionAt {
+            topic: t,
+            index,
+            offset,
+            epoch,
+            max_bytes,
+            start,
+            end: c.pos,
+        });
+        Ok(())
+    })?;
     let topics_end = c.pos;
     let forgotten = if version >= 7 { c.length(flexible, false)? } else { 0 };
-    Ok(Layout { max_wait, session, topics, partitions, forgotten, topics_at, topics_end })
+    Ok(Layout {
+        max_wait,
+        session,
+        topics,
+        partitions,
+        forgotten,
+        topics_at,
+        topics_end,
+    })
 }

@@ -16,7 +16,7 @@ import struct
 import uuid
 from typing import Any, NamedTuple
 
-from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length
+from reader.proxy.wire import ProtocolError, array_length, skip_tagged_fields, string_length, topic_keys
 from tiering_core.formats.native import NATIVE
 
 _I32 = struct.Struct(">i")
@@ -62,7 +62,7 @@ def fetch_layout(frame: bytes | bytearray | memoryview, start: int, version: int
 def _compiled(frame: bytes | bytearray | memoryview, start: int, version: int) -> FetchLayout:
     assert _NATIVE_LAYOUT is not None
     max_wait, session, named, rows, forgotten, topics_at, topics_end = _NATIVE_LAYOUT(frame, version, start)
-    keys = [uuid.UUID(bytes=topic) if isinstance(topic, bytes) else topic for topic in named]
+    keys = topic_keys(named)
     topics: list[list[PartitionAt]] = [[] for _ in keys]
     for t, index, offset, epoch, max_bytes, begin, end in rows:
         topics[t].append(PartitionAt(keys[t], index, offset, epoch, max_bytes, begin, end))

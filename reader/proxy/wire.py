@@ -5,6 +5,7 @@ not follow them. ``protocol``, ``tagged``, ``fetch_scan`` and ``fetch_request`` 
 from __future__ import annotations
 
 import struct
+import uuid
 
 from tiering_core.errors import TieringError
 
@@ -56,6 +57,12 @@ def string_length(buf: bytes | bytearray | memoryview, pos: int, flexible: bool)
         return max(n - 1, 0), pos
     (n,) = _INT16.unpack_from(buf, pos)
     return max(n, 0), pos + 2
+
+
+def topic_keys(named: list[bytes | str]) -> list[uuid.UUID | str]:
+    """Topics as the compiled walks of a Fetch give them (``tiering_native``: 16 bytes of id, or a name) as the proxy
+    keys them: a ``uuid.UUID``, or the name."""
+    return [uuid.UUID(bytes=topic) if isinstance(topic, bytes) else topic for topic in named]
 
 
 def put_uvarint(buf: bytearray, value: int) -> None:

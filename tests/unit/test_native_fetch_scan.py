@@ -98,7 +98,10 @@ def test_an_answer_with_any_byte_changed_gives_the_same_outcome_to_both(version:
 
 def test_an_answer_that_starts_past_its_end_is_refused() -> None:
     frame, _ = fetch_answer(13)
-    assert _outcome(scan_fetch, frame, 13, len(frame) + 1) == _outcome(walk_fetch, frame, 13, len(frame) + 1)
+    past = len(frame) + 1
+    assert _outcome(scan_fetch, frame, 13, past) == _outcome(walk_fetch, frame, 13, past) == "refused"
+    compiled, python = _layouts(bytes(frame), 13, past)
+    assert compiled == python == "refused"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
