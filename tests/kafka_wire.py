@@ -19,6 +19,16 @@ FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 2, 3, 17, 
 _SIZE = struct.Struct(">i")
 
 
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from a blocking socket (fails where it closes first)."""
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the peer closed the connection"
+        data += chunk
+    return data
+
+
 class RawKafka:
     """One connection; ``request`` returns the parsed answer, or None when the server closed the connection."""
 

@@ -309,3 +309,32 @@ pub fn layout(buf: &[u8], version: i16, start: usize) -> Result<Layout<'_>, Fail
         topics_end,
     })
 }
+
+/// Where a Fetch request's body begins in its frame (after the size prefix): request header v1 (api key, version,
+/// correlation id, nullable client id), plus its tagged fields from v12 (header v2).
+pub fn request_body_start(buf: &[u8], version: i16) -> Result<usize, Fail> {
+    let mut c = Cursor { buf, pos: 8 };
+    if buf.len() < 10 {
+        return Err("the request ends inside its header".into());
+    }
+    let client_id = c.i16()?;
+    c.skip(client_id.max(0) as usize)?;
+    if version >= 12 {
+        c.tagged()?;
+    }
+    if c.pos > buf.len() {
+        return Err("the request ends inside its header".into());
+    }
+    Ok(c.pos)
+}
+
+/// Where a Fetch answer's body begins in its frame (after the size prefix): the correlation id, plus its tagged
+/// fields from v12 (response header v1).
+pub fn response_body_start(buf: &[u8], version: i16) -> Result<usize, Fail> {
+    let mut c = Cursor { buf, pos: 0 };
+    c.i32()?;
+    if version >= 12 {
+        c.tagged()?;
+    }
+    Ok(c.pos)
+}

@@ -2,7 +2,7 @@
 //!
 //! The pure-Python decoder (`tiering_core.formats`) is the reference; this module accepts and rejects
 //! exactly the same inputs (the differential tests in tests/unit/test_native_decoder.py hold it to
-//! that). Three entry points, and two walks for the proxy:
+//! that). Three entry points, two walks for the proxy, and its pass-through cycle:
 //!
 //! - `batch_payload`: a batch's records section, CRC-32C checked and decompressed (GIL released);
 //! - `decode_records`: records of a records section as tuples of a given tuple type (the messages the
@@ -10,7 +10,8 @@
 //! - `ColumnDecoder`: whole batches into plain column buffers for Arrow (the Spark data source),
 //!   GIL released for the whole walk;
 //! - `fetch_answer_scan`: a broker's Fetch answer's partition headers (`fetch_scan`), its records skipped;
-//! - `fetch_request_layout`: where a client's Fetch request's fields are.
+//! - `fetch_request_layout`: where a client's Fetch request's fields are;
+//! - `FetchLane`: a connection's pass-through Fetch cycle, run with the GIL released (`fetch_lane`).
 //!
 //! Corrupt input raises `DecodeError(kind, position, reason)` (kind: "format", "unsupported" or
 //! "truncated", as FormatError, UnsupportedFormatError and TruncatedBatchError; position: the batch's
@@ -25,7 +26,9 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple, PyType};
 
 mod batch;
 mod columns;
+mod fetch_lane;
 mod fetch_scan;
+mod lane_io;
 mod lz4;
 mod protobuf;
 mod record;
@@ -326,6 +329,7 @@ fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fetch_answer_scan, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_request_layout, m)?)?;
     m.add_class::<columns::ColumnDecoder>()?;
+    m.add_class::<fetch_lane::FetchLane>()?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_compile, m)?)?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_json_schema, m)?)?;
     m.add_class::<protobuf::ProtobufDecoder>()?;

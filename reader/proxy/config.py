@@ -191,6 +191,18 @@ class ProxyListen(BaseModel):
         "(older, it is dropped and the client's Fetch goes to the broker): an ACL removed or data deleted in the "
         "meantime is in force after at most this long, as if the request had taken that long on the network.",
     )  # fmt: skip
+    native_lane: bool = Field(
+        default=True,
+        description="A client reading the broker's partitions alone whose Fetch claims an answer asked ahead hands "
+        "its cycle to the compiled module (reader/proxy/lane.py): the answers asked ahead, read and served on a "
+        "thread of its own without the interpreter, while its requests are the ones predicted; anything else goes "
+        "back to the event loop. Needs fetch_ahead and plain TCP to the brokers.",
+    )  # fmt: skip
+    native_lanes: int = Field(
+        default=64, ge=1, le=4096,
+        description="Connections on a native lane at once (a thread each while it runs); the others keep the "
+        "event loop's path.",
+    )  # fmt: skip
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics on this port (host as above); none if unset."
     )

@@ -32,11 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 from reader.proxy.authentication import Authentication
-from reader.proxy.budget import ByteBudget
+from reader.proxy.budget import SMALL_FRAME, ByteBudget
 from reader.proxy.fetch import FETCH
-from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, next_fetch
-from reader.proxy.frames import FrameProtocol, Unread, sized
+from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, next_fetch, served
+from reader.proxy.frames import UPSTREAM_MAX_FRAME, FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
+from reader.proxy.lane import Lane, account
 from reader.proxy.protocol import can_parse, peek_request
 from reader.proxy.services import ProxyServices
 from reader.proxy.slots import Answer, Request, Slot
@@ -110,6 +111,8 @@ class ClientConnection:
         )
         self.asking: asyncio.Task[None] | None = None  # a Fetch being asked ahead (``_ask_ahead``)
         self.order = asyncio.Lock()  # a request is forwarded and its slot queued in one step, whoever asks it
+        self.writing = False  # the writing task holds a slot (lane.py: a lane starts only while it holds none)
+        self.lane: Lane | None = None  # the connection's native lane, made at its first use (lane.py)
         sock = writer.get_extra_info("socket")
         plain = sock is not None and writer.get_extra_info("sslcontext") is None
         self.client_fd = sock.fileno() if plain else None  # answers may be spliced to it (splice.py)
@@ -136,6 +139,9 @@ class ClientConnection:
             for task in (*tasks, self.asking):
                 if task is not None:
                     task.cancel()
+            if self.lane is not None:  # its thread lets go of the sockets before they close
+                await self.lane.stop()
+                self.lane.close()
             if self.fetch_ahead is not None:
                 self.fetch_ahead.close()
             if self.upstream is not None:
@@ -149,9 +155,15 @@ class ClientConnection:
     # -- requests -------------------------------------------------------------------------------
     async def _read_requests(self) -> None:
         s = self.settings
+        pending: bytes | None = None  # a request a lane read and gave back (lane.py)
         while True:
-            frame = await read_frame(self.client_reader, self._max_frame, s.idle_timeout_seconds,
-                                     s.frame_timeout_seconds, f"client {self.peer}", self.server.requests)  # fmt: skip
+            if pending is not None:
+                frame, pending = pending, None
+                await self.server.requests.take(len(frame))
+            else:
+                frame = await read_frame(self.client_reader, self._max_frame, s.idle_timeout_seconds,
+                                         s.frame_timeout_seconds, f"client {self.peer}",
+                                         self.server.requests)  # fmt: skip
             if frame is None:
                 await self.slots.put(None)
                 return
@@ -162,6 +174,13 @@ class ClientConnection:
                     slot = await self._route(frame)
                 finally:
                     self.server.requests.release(len(frame))  # forwarded (or the connection is closing)
+                if slot is not None and self._lane_may_take(slot):
+                    try:
+                        pending = await self._run_lane(slot)
+                    except EOFError:
+                        await self.slots.put(None)
+                        return
+                    continue
                 if slot is not None:
                     await self.slots.put(slot)
 
@@ -194,9 +213,11 @@ class ClientConnection:
     async def _write_answers(self) -> None:
         writer = self.client_writer
         while True:
+            self.writing = False
             slot = await self.slots.get()
             if slot is None:
                 return
+            self.writing = True
             answer = None
             if slot.upstream:
                 assert self.upstream is not None
@@ -255,7 +276,9 @@ class ClientConnection:
         given = slot.given
         if given is None or not any(part.records for part in given):
             return None
-        return Held([sized(answer)] if out is None else list(out) if isinstance(out, list) else [out], given)
+        if out is None:
+            return Held([sized(answer)], given, local=slot.gate is not None)
+        return Held(list(out) if isinstance(out, list) else [out], given)
 
     def _ask_ahead(self, request: NextFetch, given: list[Given]) -> None:
         """Ask the broker now for the Fetch the client will send next if the answer to ``request`` (which gave
@@ -300,6 +323,90 @@ class ClientConnection:
             slot.ahead = ahead
             await self.slots.put(slot)
             self.fetch_ahead.held = ahead  # queued: the client's next Fetch may claim it
+
+    # -- the native lane (lane.py) --------------------------------------------------------------
+    def _lane_may_take(self, slot: Slot) -> bool:
+        """Whether the client's Fetch that claimed an answer asked ahead (``slot``) may start a lane: the answer is
+        the broker's to a request of the broker's partitions alone, the connection is plain TCP, authenticated and
+        not throttled, every answer before it is out, and nothing is buffered on either side."""
+        held = slot.served
+        if self.server.lanes is None or held is None or slot.next is None or self.client_fd is None:
+            return False
+        answer = held.answer.result()
+        if answer is None or not answer.local or len(answer.pieces) != 1:
+            return False
+        if not self.auth.done or self.throttled_until > time.monotonic() or self.writing or not self.slots.empty():
+            return False
+        if self.asking is not None and not self.asking.done():
+            return False
+        transport = self.client_writer.transport
+        buffered = getattr(self.client_reader, "_buffer", None)  # what asyncio's StreamReader holds, not yet read
+        return buffered is not None and not buffered and not transport.get_write_buffer_size()
+
+    async def _run_lane(self, slot: Slot) -> bytes | None:
+        """Serve ``slot`` (its held answer) and the client's Fetch requests after it on the native lane, while they
+        are the ones predicted; the client frame it gave back (None: nothing pending). Where the lane cannot take it
+        after all, the slot is queued as usual. Raises EOFError when the client closed between requests."""
+        held, request = slot.served, slot.next
+        assert held is not None and request is not None and self.upstream is not None
+        answer = held.answer.result()
+        assert answer is not None
+        threads, budget, s = self.server.lanes, self.server.answers, self.settings
+        assert threads is not None and self.client_fd is not None
+        broker_fd = self.upstream.socket_fd()
+        if broker_fd is None or not threads.acquire():
+            await self.slots.put(slot)
+            return None
+        try:
+            if self.lane is None or self.lane.version != slot.version:
+                if self.lane is not None:
+                    self.lane.close()
+                self.lane = Lane(self.client_fd, broker_fd, slot.version, min(s.max_frame_bytes, SMALL_FRAME),
+                                 UPSTREAM_MAX_FRAME, s.fetch_max_bytes, s.fetch_ahead_max_age_seconds,
+                                 s.frame_timeout_seconds, s.idle_timeout_seconds)  # fmt: skip
+            bound = self.lane.start(request.frame, served(answer, slot.correlation_id)[0])
+            charge = 2 * bound if bound is not None else 0
+            if bound is None or not budget.take_now(charge):
+                await self.slots.put(slot)
+                return None
+            try:
+                if not self.upstream.lend():
+                    await self.slots.put(slot)
+                    return None
+                held.free()  # the lane holds its own copy
+                return await self._lane_runs()
+            finally:
+                budget.release(charge)
+        finally:
+            threads.release()
+
+    async def _lane_runs(self) -> bytes | None:
+        lane, upstream, transport = self.lane, self.upstream, self.client_writer.transport
+        assert lane is not None and upstream is not None and self.fetch_ahead is not None
+        transport.pause_reading()
+        try:
+            while True:
+                result = await lane.run(self.server.lanes)  # type: ignore[arg-type]
+                account(result, lane.version, self.server.metrics, self.fetch_ahead, self.server.view,
+                        self.server.count_passed)  # fmt: skip
+                outcome, detail, pending = result[0], result[1], result[2]
+                if outcome != "again":
+                    break
+        finally:
+            upstream.take_back()
+            if not transport.is_closing():
+                transport.resume_reading()
+        self.fetch_ahead.answered = time.monotonic()
+        if outcome == "request":
+            return bytes(pending)
+        if outcome == "done":
+            return None
+        if outcome == "closed":
+            raise EOFError
+        if outcome == "idle":
+            timeout = self.settings.idle_timeout_seconds
+            raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s")
+        raise ConnectionClosed("lane", f"client {self.peer}'s native lane ended ({outcome}): {detail}")
 
     # -- zero-copy pass-through (splice.py) ------------------------------------------------------
     def _unread_up_to(self, slot: Slot) -> int:

@@ -171,6 +171,7 @@ class Held(NamedTuple):
 
     pieces: list[bytes | memoryview]
     given: list[Given]
+    local: bool = False  # the broker's answer as it gave it, every partition of its request the broker's (lane.py)
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ from typing import NamedTuple
 from reader.proxy.budget import ByteBudget
 
 _SIZE = struct.Struct(">i")
+UPSTREAM_MAX_FRAME = (1 << 31) - 1  # the broker's answers are bounded by what clients ask (fetch.max.bytes)
 _JOIN_BELOW = 1 << 16  # a frame up to this size is copied behind its size prefix rather than written apart
 
 
@@ -67,6 +68,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.paused = False
         self.unread_up_to = 0  # the waiting task reads its answer itself if it is at most this large
         self.unread = False  # a frame waits in the socket for the writing task (``Unread``)
+        self.lent = False  # the socket is lent to a native lane (``lend``): not read here
 
     # -- receiving --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -135,7 +137,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self.unread or self.waiting is not None or any(isinstance(f, (bytearray, Unread)) for f in self.frames):
+        if (self.lent or self.unread or self.waiting is not None
+                or any(isinstance(f, (bytearray, Unread)) for f in self.frames)):  # fmt: skip
             transport.pause_reading()
         else:
             transport.resume_reading()
@@ -188,6 +191,22 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def unread_done(self) -> None:
         """The writing task read the ``Unread`` frame: reading goes on."""
         self.unread = False
+        self._flow()
+
+    def lend(self) -> bool:
+        """Stop reading and writing here so that a native lane may use the socket (``lane.py``): only between frames,
+        with nothing received or waiting to be sent; False (nothing changed) otherwise."""
+        transport = self.transport
+        if (transport is None or transport.is_closing() or self.frames or self.frame is not None or self.filled
+                or self.unread or self.waiting is not None or transport.get_write_buffer_size()):  # fmt: skip
+            return False
+        self.lent = True
+        self._flow()
+        return True
+
+    def take_back(self) -> None:
+        """The lane let go of the socket: reading goes on."""
+        self.lent = False
         self._flow()
 
     def socket_fd(self) -> int | None:

@@ -59,6 +59,12 @@ class ProxyMetrics:
             "than fetch_ahead_max_age_seconds), unusable (the broker's answer needed a change).", ("outcome",),
             registry=r,
         )  # fmt: skip
+        self.native_lane = Counter(
+            "tiering_proxy_native_lane_runs", "Runs of native lanes (reader/proxy/lane.py), by how they ended: again "
+            "(came back for the metrics and went on), request (gave a client frame back), done (nothing asked ahead: "
+            "no more data waiting, a slow client, an answer too old), closed, idle, failed, stopped.", ("outcome",),
+            registry=r,
+        )  # fmt: skip
         self.connections = Gauge("tiering_proxy_connections", "Client connections open now.", registry=r)
         self.refused = Counter(
             "tiering_proxy_connections_refused", "Client connections closed at once (max_connections reached).",

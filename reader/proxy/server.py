@@ -28,7 +28,8 @@ from reader.proxy.budget import ByteBudget
 from reader.proxy.config import READ_LIMIT, ProxySettings
 from reader.proxy.connection import ClientConnection
 from reader.proxy.fetch import FetchPlan
-from reader.proxy.frames import FrameProtocol
+from reader.proxy.frames import UPSTREAM_MAX_FRAME, FrameProtocol
+from reader.proxy.lane import LaneThreads, available
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
@@ -49,7 +50,6 @@ log = get_logger(__name__)
 # 1.7 ms of CPU per answer). A send buffer that holds whole answers (the kernel caps it at wmem_max)
 # lets the first send() take all of it.
 SEND_BUFFER = 4 << 20
-UPSTREAM_MAX_FRAME = (1 << 31) - 1  # the broker's answers are bounded by what clients ask (fetch.max.bytes)
 
 
 class UpstreamUnavailable(TieringError):
@@ -86,6 +86,8 @@ class ProxyServer:
         self.upstream_ssl = settings.upstream_ssl()
         zero_copy = p.zero_copy and hasattr(os, "splice") and self.upstream_ssl is None
         self.pipes = PipePool(p.zero_copy_pipes, pipe_max_size()) if zero_copy else None
+        native_lane = p.native_lane and p.fetch_ahead and available() and self.upstream_ssl is None
+        self.lanes = LaneThreads(p.native_lanes) if native_lane else None
         self.client_ssl = p.tls.context() if p.tls is not None else None
         self.servers: dict[int | None, asyncio.base_events.Server] = {}
         self.connections = 0
@@ -185,6 +187,8 @@ class ProxyServer:
         self.reader.close()
         if self.pipes is not None:
             self.pipes.close()
+        if self.lanes is not None:
+            self.lanes.close()
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (``tiering proxy serve``), the process' allocator set for its answers

@@ -11,6 +11,7 @@ from reader.proxy.budget import ByteBudget
 from reader.proxy.config import ProxySettings
 from reader.proxy.fetch import FetchPlan
 from reader.proxy.frames import FrameProtocol
+from reader.proxy.lane import LaneThreads
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
 from reader.proxy.routing import Router
@@ -31,6 +32,7 @@ class ProxyServices(Protocol):
     offsets_pool: Executor  # ListOffsets / OffsetForLeaderEpoch completions, apart from the remote reads
     fetch_turns: FetchTurns  # a Fetch's Python work on the event loop (plan, merge, encode) one per iteration
     pipes: PipePool | None  # kernel pipes for pass-through answers (splice.py); None: every answer is buffered
+    lanes: LaneThreads | None  # threads for native lanes (lane.py); None: every cycle on the event loop
 
     async def open_upstream(self, node: int | None) -> FrameProtocol:
         """A connection to ``node``'s broker (any bootstrap broker for None)."""

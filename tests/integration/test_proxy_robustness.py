@@ -22,7 +22,7 @@ from deploy.stack import Endpoints
 from reader.proxy import ProxyListen, ProxyServer, load_proxy_settings, running_proxy
 from reader.proxy.protocol import parse, response_type, supported_versions
 from tests.conftest import create_topic
-from tests.kafka_wire import LIST_OFFSETS, RawKafka, list_earliest
+from tests.kafka_wire import LIST_OFFSETS, RawKafka, list_earliest, read_exactly
 from tests.proxy_harness import proxy_bootstrap, proxy_for
 from tests.sidecar_harness import wait_for, write_config
 
@@ -147,8 +147,8 @@ def test_an_api_versions_request_the_proxy_cannot_read_is_answered_by_it(proxy: 
         frame = struct.pack(">hhih", 18, 99, 7, 4) + b"test" + b"\x00\x00"
         sock.sendall(struct.pack(">i", len(frame)) + frame)
         sock.settimeout(15)
-        (size,) = struct.unpack(">i", _exactly(sock, 4))
-        answer = _exactly(sock, size)
+        (size,) = struct.unpack(">i", read_exactly(sock, 4))
+        answer = read_exactly(sock, size)
     assert struct.unpack_from(">i", answer)[0] == 7
     body = parse(response_type(18, 0), answer, 4)
     assert body.error_code == ErrorCode.unsupported_version
@@ -182,15 +182,6 @@ def test_a_request_with_a_tagged_field_the_proxy_does_not_know_is_answered(
     assert through_proxy is not None, "the proxy closed the connection"
     assert through_proxy == from_broker
     still_serves(proxy)
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "the proxy closed the connection"
-        data += chunk
-    return data
 
 
 def test_a_broker_port_in_use_leaves_out_that_broker_only(stack: Endpoints, tmp_path: Path) -> None:
