@@ -37,6 +37,7 @@ from deploy.stack import Endpoints
 from reader.proxy import ProxyServer
 from reader.proxy.protocol import build, nested, request_type
 from reader.proxy.tiered import TopicKey
+from tests.integration.test_proxy_fetch_ahead import _after_last_batch
 from tests.integration.test_sidecar_policies import SEGMENT, cli, running
 from tests.kafka_wire import RawKafka, partition_errors, record_bytes
 from tests.proxy_harness import console_consume, proxy_bootstrap, proxy_for, read_all
@@ -231,6 +232,45 @@ def test_an_acl_removed_while_alice_reads_remote_data_holds_on_her_next_fetch(ti
             assert record_bytes(after) == 0
         finally:
             _wait(admin.create_acls([read_acl]))
+
+
+def test_an_acl_removed_while_alice_reads_local_data_on_a_native_lane_holds_after_the_max_age(tiered: Tiered) -> None:
+    """alice reads the broker's part (past its log start), each Fetch where the last answer's last batch ended (the
+    one predicted), so her cycle runs on a native lane (reader/proxy/lane.py); once the broker refuses her, her next
+    Fetch through the proxy after fetch ahead's max age is refused too, with no record byte."""
+    admin = AdminClient(tiered.broker.client_config())
+    served = tiered.proxy.metrics.fetch_ahead.labels("served")
+    runs = tiered.proxy.metrics.native_lane
+    with RawKafka(tiered.proxy_broker) as raw:
+        assert raw.sasl_plain("alice", CLIENTS["alice"]) == 0
+        before, lanes_before = served._value.get(), sum(c._value.get() for c in runs._metrics.values())
+        offset = tiered.log_start
+        for _ in range(5):
+            answer = raw.fetch(12, tiered.topic, tiered.topic_id, 0, offset, max_bytes=1024)
+            assert answer is not None and partition_errors(answer) == [0] and record_bytes(answer) > 0
+            offset = _after_last_batch(answer.responses[0].partitions[0].records)
+        time.sleep(2 * tiered.proxy.settings.proxy.fetch_ahead_max_age_seconds)  # a lane counts them when it ends
+        assert served._value.get() - before >= 3, "alice's answers were not asked ahead"
+        read_acl = acl("alice", ResourceType.TOPIC, tiered.topic, AclOperation.READ)
+        _wait(admin.delete_acls([AclBindingFilter(read_acl.restype, read_acl.name, read_acl.resource_pattern_type,
+                                                  read_acl.principal, read_acl.host, read_acl.operation,
+                                                  read_acl.permission_type)]))  # fmt: skip
+        try:
+            with RawKafka(tiered.broker.bootstrap) as direct:
+                assert direct.sasl_plain("alice", CLIENTS["alice"]) == 0
+
+                def refused() -> bool:
+                    answer = direct.fetch(12, tiered.topic, tiered.topic_id, 0, offset, 1024)
+                    return answer is not None and partition_errors(answer) == [TOPIC_AUTHORIZATION_FAILED]
+
+                wait_for(refused, 30, "the broker applying the removed ACL")
+            time.sleep(2 * tiered.proxy.settings.proxy.fetch_ahead_max_age_seconds)
+            after = raw.fetch(12, tiered.topic, tiered.topic_id, 0, offset, max_bytes=1024)
+            assert after is not None and partition_errors(after) == [TOPIC_AUTHORIZATION_FAILED]
+            assert record_bytes(after) == 0
+        finally:
+            _wait(admin.create_acls([read_acl]))
+    assert sum(c._value.get() for c in runs._metrics.values()) > lanes_before, "no native lane ran"
 
 
 def _wait(futures: dict) -> None:  # type: ignore[type-arg]
