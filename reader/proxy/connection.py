@@ -37,7 +37,7 @@ from reader.proxy.fetch import FETCH
 from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, next_fetch, served
 from reader.proxy.frames import UPSTREAM_MAX_FRAME, FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
-from reader.proxy.lane import Lane, account
+from reader.proxy.lane import Lane, LaneThreads, account
 from reader.proxy.protocol import can_parse, peek_request
 from reader.proxy.services import ProxyServices
 from reader.proxy.slots import Answer, Request, Slot
@@ -374,19 +374,20 @@ class ClientConnection:
                     await self.slots.put(slot)
                     return None
                 held.free()  # the lane holds its own copy
-                return await self._lane_runs()
+                return await self._lane_runs(threads)
             finally:
                 budget.release(charge)
         finally:
             threads.release()
 
-    async def _lane_runs(self) -> bytes | None:
+    async def _lane_runs(self, threads: LaneThreads) -> bytes | None:
+        """The lane's runs, both sockets lent to it, until it gives the connection back."""
         lane, upstream, transport = self.lane, self.upstream, self.client_writer.transport
         assert lane is not None and upstream is not None and self.fetch_ahead is not None
         transport.pause_reading()
         try:
             while True:
-                result = await lane.run(self.server.lanes)  # type: ignore[arg-type]
+                result = await lane.run(threads)
                 account(result, lane.version, self.server.metrics, self.fetch_ahead, self.server.view,
                         self.server.count_passed)  # fmt: skip
                 outcome, detail, pending = result[0], result[1], result[2]
@@ -406,6 +407,8 @@ class ClientConnection:
         if outcome == "idle":
             timeout = self.settings.idle_timeout_seconds
             raise ConnectionClosed("idle", f"client {self.peer} took no answer for {timeout:.0f}s")
+        if detail.startswith("the broker closed"):
+            raise ConnectionClosed("broker closed", f"broker of node {self.node_id} closed the connection")
         raise ConnectionClosed("lane", f"client {self.peer}'s native lane ended ({outcome}): {detail}")
 
     # -- zero-copy pass-through (splice.py) ------------------------------------------------------

@@ -28,15 +28,16 @@ import contextlib
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from reader.proxy.fetch import FETCH
 from reader.proxy.fetch_ahead import FetchAhead
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.tiered import TieredView, TopicKey
 from tiering_core.formats.native import NATIVE
 
-FETCH = 1
 RUN_SECONDS = 1.0  # a lane comes back this often at an answer about to be served (metrics, the broker's offsets)
 _NATIVE_LANE = getattr(NATIVE, "FetchLane", None)
 
@@ -83,8 +84,9 @@ class Lane:
         self.lane = _NATIVE_LANE(client_fd, broker_fd, self.stop_r, version, max_request, max_answer, fetch_max_bytes,
                                  max_age, frame_timeout, idle_timeout, RUN_SECONDS)  # fmt: skip
 
-    def start(self, request: bytes, answer: memoryview) -> int | None:
-        """Given the client's Fetch and its answer: the most an answer of it can hold, or None (not for a lane)."""
+    def start(self, request: bytes, answer: bytes | memoryview) -> int | None:
+        """Given the client's Fetch and its answer (size prefix first): the most an answer of it can hold, or None
+        (not one for a lane: ``FetchLane.start``)."""
         bound: int | None = self.lane.start(request, answer)
         return bound
 
@@ -118,7 +120,7 @@ class Lane:
 
 
 def account(result: tuple[Any, ...], version: int, metrics: ProxyMetrics, ahead: FetchAhead, view: TieredView,
-            count_passed: Any) -> None:  # fmt: skip
+            count_passed: Callable[[int], None]) -> None:  # fmt: skip
     """A run's answers in the metrics, its answers asked ahead in fetch ahead's outcomes, and the broker's offsets it
     saw in the view (as ``FetchPlan.observe`` learns them from the answers passing through)."""
     outcome, detail, _, served, answers, offsets, passed = result

@@ -162,7 +162,7 @@ def test_no_more_data_waiting_asks_nothing_ahead() -> None:
     assert (outcome, detail) == ("done", "no more data waiting")
 
 
-def test_a_client_that_closes_and_a_stop_end_the_run() -> None:
+def test_a_client_that_closes_a_broker_that_closes_and_a_stop_end_the_run() -> None:
     version = 13
     request, _ = _request(version)
     with _running(version, request, _answer(version, MORE)) as peers:
@@ -176,6 +176,11 @@ def test_a_client_that_closes_and_a_stop_end_the_run() -> None:
         _read(peers.broker)
         threading.Timer(0.2, os.write, (peers.stop_w, b"x")).start()
         assert peers.result.result(10)[0] == "stopped"  # waiting for the broker's answer
+    with _running(version, request, _answer(version, MORE)) as peers:
+        _read(peers.client)
+        _read(peers.broker)
+        peers.broker.shutdown(socket.SHUT_WR)
+        assert peers.result.result(10)[:2] == ("failed", "the broker closed the connection")
 
 
 def test_the_lane_refuses_what_it_cannot_serve_as_it_is() -> None:
