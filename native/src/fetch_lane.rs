@@ -57,7 +57,7 @@ impl From<End> for Exit {
         match end {
             End::Stopped => Exit::Stopped,
             End::Timeout => Exit::Idle,
-            End::Closed => Exit::Failed("the peer closed the connection".into()),
+            End::Closed | End::Reset => Exit::Failed("the peer closed the connection".into()),
             End::Failed(why) => Exit::Failed(why),
         }
     }
@@ -233,8 +233,7 @@ impl Cycle {
             if let Some(ask) = &next {
                 write_all(self.broker, &ask.send, self.stop, asked + self.idle_timeout)?;
             }
-            let written = write_all(self.client, &self.answer, self.stop, Instant::now() + self.idle_timeout);
-            written?;
+            write_all(self.client, &self.answer, self.stop, Instant::now() + self.idle_timeout).map_err(client_gone)?;
             let answered = Instant::now();
             seen.answers.push((self.answer.len(), answered.duration_since(read_at).as_secs_f64()));
             let Some(Ask { send, key }) = next else {
@@ -347,8 +346,7 @@ impl Cycle {
         let head = match peek_size(self.client, self.stop, first, rest) {
             Ok(Some(head)) => head,
             Ok(None) => return Ok(None),
-            Err(End::Closed) => return Err(Exit::Closed),
-            Err(other) => return Err(other.into()),
+            Err(other) => return Err(client_gone(other)),
         };
         let size = i32::from_be_bytes(head);
         if size < 0 || size as usize > self.max_request {
@@ -356,7 +354,7 @@ impl Cycle {
         }
         let mut frame = vec![0u8; 4 + size as usize];
         read_exact(self.client, &mut frame, self.stop, None, Instant::now() + self.frame_timeout)
-            .map_err(|e| closed(e, "the client closed inside a frame"))?;
+            .map_err(client_gone)?;
         frame.drain(..4);
         Ok(Some(frame))
     }
@@ -369,9 +367,20 @@ fn fill(buf: &mut Vec<u8>, head: [u8; 4], size: usize) {
     buf.resize(4 + size, 0);
 }
 
+/// A broker-side end: the broker gone is a failure of the connection.
 fn closed(end: End, why: &str) -> Exit {
     match end {
-        End::Closed => Exit::Failed(why.into()),
+        End::Closed | End::Reset => Exit::Failed(why.into()),
+        other => other.into(),
+    }
+}
+
+/// A client-side end: a client that closed, reset or went away, between or inside its frames, ends the connection
+/// as a client that left (the event loop's path logs a truncated frame the same way as any close).
+fn client_gone(end: End) -> Exit {
+    match end {
+        End::Closed | End::Reset => Exit::Closed,
+        End::Failed(why) if why.starts_with("closed inside") => Exit::Closed,
         other => other.into(),
     }
 }

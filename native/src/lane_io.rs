@@ -11,7 +11,9 @@ pub enum End {
     Timeout,
     /// The peer closed its end (no byte of a new frame was read).
     Closed,
-    /// The peer closed, or the socket failed, inside a frame or a write.
+    /// The peer reset the connection or is gone (a write to it: EPIPE, ECONNRESET).
+    Reset,
+    /// The peer closed, or the socket failed, inside a frame.
     Failed(String),
 }
 
@@ -66,6 +68,9 @@ pub fn read_exact(fd: i32, buf: &mut [u8], stop: i32, first: Option<Instant>, re
             return Err(if filled == 0 { End::Closed } else { End::Failed("closed inside a frame".into()) });
         }
         let err = std::io::Error::last_os_error();
+        if gone(&err) {
+            return Err(End::Reset);
+        }
         match err.kind() {
             std::io::ErrorKind::WouldBlock => {
                 let deadline = if filled == 0 { first.unwrap_or(rest) } else { rest };
@@ -127,6 +132,9 @@ pub fn write_all(fd: i32, buf: &[u8], stop: i32, deadline: Instant) -> Result<()
             continue;
         }
         let err = std::io::Error::last_os_error();
+        if gone(&err) {
+            return Err(End::Reset);
+        }
         match err.kind() {
             std::io::ErrorKind::WouldBlock => wait(fd, libc::POLLOUT, stop, Some(deadline))?,
             std::io::ErrorKind::Interrupted => {}
@@ -134,4 +142,9 @@ pub fn write_all(fd: i32, buf: &[u8], stop: i32, deadline: Instant) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The peer reset the connection, or closed it under a write.
+fn gone(err: &std::io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET))
 }
