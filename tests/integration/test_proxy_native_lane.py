@@ -9,7 +9,6 @@ stopped under one, end cleanly."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from tests.proxy_harness import (
     random_topic,
     read_all,
 )
-from tests.sidecar_harness import write_config
+from tests.sidecar_harness import wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -84,13 +83,6 @@ def _read_on(through: RawKafka, straight: RawKafka, topic: str, topic_id: object
     return offset
 
 
-def _until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.02)
-
-
 def test_a_request_in_the_middle_of_a_lane_is_answered_and_the_fetches_after_it_are_the_brokers(
     stack: Endpoints, tmp_path: Path
 ) -> None:
@@ -137,12 +129,12 @@ def test_a_client_closing_and_a_proxy_stopping_in_the_middle_of_lanes_end_cleanl
                 assert described is not None
                 topic_id = described.topics[0].topic_id
                 _read_on(through, straight, topic, topic_id, 5)
-                _until(lambda: lanes.free < threads, "a lane running")
-            _until(lambda: lanes.free == threads, "the lane ended with its client", 10)
+                wait_for(lambda: lanes.free < threads, 60, "a lane running")
+            wait_for(lambda: lanes.free == threads, 10, "the lane ended with its client")
             assert _runs(proxy)["closed"] == 1, _runs(proxy)
             second = RawKafka(port)
             _read_on(second, straight, topic, topic_id, 5)  # the proxy goes on serving, on a lane again
-            _until(lambda: lanes.free < threads, "a second lane running")
+            wait_for(lambda: lanes.free < threads, 60, "a second lane running")
             began = time.monotonic()
         stopped = time.monotonic() - began
         second.close()
