@@ -71,7 +71,17 @@ class Member:
     def leave(self) -> None:
         """Close the consumer (commit, leave the group) and wait for the process to end."""
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(60) == 0, f"member {self.name} failed: see {self.log}"
+        try:
+            code = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # its threads' stacks to its log (faulthandler)
+            time.sleep(2)
+            self.kill()
+            tail = self.log.read_text(errors="replace")[-6000:]
+            raise AssertionError(
+                f"member {self.name} did not end within 60 s of SIGTERM; its log ends:\n{tail}"
+            ) from None
+        assert code == 0, f"member {self.name} failed: see {self.log}"
         self.reader.join(10)
         assert self.closed, f"member {self.name} did not close"
         self.positions = {}

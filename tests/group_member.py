@@ -16,6 +16,7 @@ assigned partitions, ``revoked``/``lost`` partitions, ``error`` events, and ``cl
 from __future__ import annotations
 
 import base64
+import faulthandler
 import json
 import signal
 import sys
@@ -65,6 +66,7 @@ class Holds:
 def run(spec: dict[str, Any]) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a member that does not end: its stacks in its log
     topic = spec["topic"]
     consumer = TieredConsumer(spec["config"], load_reader_settings(Path(spec["settings"])))
     held: set[int] = set()  # partitions this member paused at their hold (in this assignment)
