@@ -149,7 +149,8 @@ impl FetchLane {
     /// The client's Fetch `request` (its frame after the size prefix, of this lane's version) and its `answer` (the
     /// whole frame, size prefix first, under the request's correlation id). Returns the most an answer of this
     /// request can hold (its max_bytes within fetch_max_bytes, and within the sum of its partitions'), or None where
-    /// the lane cannot take it: a request it cannot walk or with forgotten topics, an answer not to pass on as it is.
+    /// the lane cannot take it: a request larger than max_request, one it cannot walk or with forgotten topics, an
+    /// answer not to pass on as it is.
     fn start(&mut self, request: &Bound<'_, PyAny>, answer: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
         let cycle = self.cycle.as_mut().expect("a lane is not run twice at once");
         let version = cycle.version;
@@ -157,7 +158,11 @@ impl FetchLane {
         let answer = with_buffer(answer, |b| b.to_vec())?;
         let Ok(body) = fetch_scan::request_body_start(&request, version) else { return Ok(None) };
         let Ok(layout) = fetch_scan::layout(&request, version, body) else { return Ok(None) };
-        if layout.forgotten > 0 || answer.len() < 8 || usable(&answer[4..], version).is_none() {
+        if request.len() > cycle.max_request
+            || layout.forgotten > 0
+            || answer.len() < 8
+            || usable(&answer[4..], version).is_none()
+        {
             return Ok(None);
         }
         let max_bytes = i64::from(i32_at(&request, layout.max_wait + 8).min(cycle.fetch_max_bytes));
@@ -242,7 +247,7 @@ impl Cycle {
             self.asked = asked;
             let usable_answer = self.read_answer(i32_at(&send, 8))?;
             let Some(request) = self.read_request()? else {
-                return Ok(Exit::Done("stale")); // or a request too large for the lane: the answer asked ahead dropped
+                return Ok(Exit::Done("stale")); // the answer asked ahead dropped
             };
             read_at = Instant::now();
             let matches = i16_at(&request, 0) == FETCH
@@ -338,8 +343,8 @@ impl Cycle {
     }
 
     /// The client's next frame (after its size prefix); None, with nothing read, where its first byte did not come
-    /// within the max age of the answer asked ahead or the frame is larger than `max_request` (then the event loop
-    /// reads it, within its request budget).
+    /// within the max age of the answer asked ahead; `Done("missed")`, nothing read, for a frame larger than
+    /// `max_request` (the event loop reads it, within its request budget).
     fn read_request(&mut self) -> Result<Option<Vec<u8>>, Exit> {
         let first = self.asked + self.max_age;
         let rest = Instant::now().max(first) + self.frame_timeout;
@@ -350,7 +355,8 @@ impl Cycle {
         };
         let size = i32::from_be_bytes(head);
         if size < 0 || size as usize > self.max_request {
-            return Ok(None);
+            // not the prediction (the size of the request it started from): left for the event loop to read
+            return Err(Exit::Done("missed"));
         }
         let mut frame = vec![0u8; 4 + size as usize];
         read_exact(self.client, &mut frame, self.stop, None, Instant::now() + self.frame_timeout)

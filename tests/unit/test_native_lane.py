@@ -191,3 +191,5 @@ def test_the_lane_refuses_what_it_cannot_serve_as_it_is() -> None:
     assert lane.start(request, _sized(_answer(version, MORE, throttle_ms=100))) is None
     assert lane.start(request, _sized(_answer(version, {}))) is None  # no records: nothing to read on from
     assert lane.start(request[:-3], _sized(_answer(version, MORE))) is None  # a request that does not walk
+    small = FetchLane(0, 0, 0, version, len(request) - 1, 1 << 30, FETCH_MAX_BYTES, 0.1, 5.0, 5.0, 1.0)
+    assert small.start(request, _sized(_answer(version, MORE))) is None  # larger than the lane reads
