@@ -73,6 +73,7 @@ _EARLIEST = {"smallest", "earliest", "beginning"}
 _LATEST = {"largest", "latest", "end"}
 _TRUE = {"true", "1", "yes"}
 _SECURITY = ("security.", "sasl.", "ssl.")  # the librdkafka properties a catalog needs to connect as the consumer does
+_LEAVE_S = 10.0  # close: how long the revocation after unsubscribe may take before the inner close goes ahead
 Callback = Callable[[Any, list[TopicPartition]], None]
 
 
@@ -688,6 +689,8 @@ class TieredConsumer:
         try:
             if self._auto_commit:
                 self._commit_positions(asynchronous=False)
+            if self._subscribed:
+                self._leave_group()
             self._inner.close()
         finally:
             for part in self._parts.values():
@@ -696,6 +699,18 @@ class TieredConsumer:
             self._closed = True
             if self._owns_reader:
                 self._reader.close()
+
+    def _leave_group(self) -> None:
+        """Unsubscribe and serve the revocation before closing. librdkafka can hang for good in an
+        ``(incremental_)unassign`` made from a rebalance callback that ``close`` itself serves (librdkafka
+        issues 4527 and 4884; seen here after a member's session timed out and it joined again); the
+        callback served by a poll after ``unsubscribe`` does not. Bounded: ``close`` follows regardless.
+        What the inner consumer returns meanwhile is dropped: it was never delivered, so never committed."""
+        self._inner.unsubscribe()
+        self._subscribed = False
+        deadline = time.monotonic() + _LEAVE_S
+        while self._inner.assignment() and time.monotonic() < deadline:
+            self._inner.consume(500, 0.1)
 
     def __enter__(self) -> TieredConsumer:
         return self
