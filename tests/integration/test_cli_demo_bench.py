@@ -138,8 +138,13 @@ def test_bench_proxy_prints_every_side_and_a_json_summary_last(stack: Endpoints)
                             "proxy_cpu_s_per_gb", "passthrough_cpu_s_per_gb", "first_remote_record_ms",
                             "proxy_peak_rss_mb", "kroxylicious_mb_s", "kroxylicious_passthrough_ratio",
                             "passthrough_vs_kroxylicious", "kroxylicious_cpu_s_per_gb",
-                            "kroxylicious_peak_rss_mb"}  # fmt: skip
+                            "kroxylicious_peak_rss_mb", "fetch_ahead", "native_lane"}  # fmt: skip
     assert all(v > 0 for v in summary["first_remote_record_ms"].values())
+    for counted in ("fetch_ahead", "native_lane"):  # per record size and side, counts by outcome
+        assert set(summary[counted]) == {"100", "1024"}
+        assert all(set(by_side) == {"remote", "passthrough"} for by_side in summary[counted].values())
+        assert all(isinstance(n, int) and n >= 0 for by_side in summary[counted].values()
+                   for outcomes in by_side.values() for n in outcomes.values())  # fmt: skip
     ours_vs_theirs = {n: summary["passthrough_mb_s"][n] / summary["kroxylicious_mb_s"][n] for n in ("100", "1024")}
     assert summary["passthrough_vs_kroxylicious"] == round(min(ours_vs_theirs.values()), 3)
     assert summary["passthrough_vs_kroxylicious_by_record_size"] == {n: round(v, 3) for n, v in ours_vs_theirs.items()}

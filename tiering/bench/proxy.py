@@ -43,6 +43,7 @@ from tiering.bench.upload import run_sampled
 from tiering_core.kafka_logs import admin_client
 
 SIDES = ("remote", "broker", "passthrough")
+_COUNTED = {"tiering_proxy_fetch_ahead": "fetch_ahead", "tiering_proxy_native_lane_runs": "native_lane"}
 
 
 class ProxyProcess:
@@ -89,13 +90,18 @@ class ProxyProcess:
     def cpu_seconds(self) -> float:
         return self.sampler.cpu_seconds()
 
-    def fetch_ahead(self) -> dict[str, float]:
-        """The proxy's Fetch requests asked ahead so far, by outcome (``tiering_proxy_fetch_ahead_total``)."""
+    def outcomes(self) -> dict[str, dict[str, float]]:
+        """The proxy's counters by outcome so far: ``fetch_ahead``, its Fetch requests asked ahead
+        (``tiering_proxy_fetch_ahead_total``), and ``native_lane``, its lanes' runs by how they ended
+        (``tiering_proxy_native_lane_runs_total``)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as answer:
             text = answer.read().decode()
-        return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text)
-                if family.name == "tiering_proxy_fetch_ahead" for sample in family.samples
-                if sample.name.endswith("_total")}  # fmt: skip
+        out: dict[str, dict[str, float]] = {name: {} for name in _COUNTED.values()}
+        for family in text_string_to_metric_families(text):
+            if family.name in _COUNTED:
+                out[_COUNTED[family.name]].update((sample.labels["outcome"], sample.value) for sample in family.samples
+                                                  if sample.name.endswith("_total"))  # fmt: skip
+        return out
 
     def close(self) -> None:
         self.sampler.stop()
@@ -169,7 +175,8 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, cl
     record sizes), `passthrough_ratio` (local data through the proxy / straight, likewise), records/s and
     MB/s of every side, the proxy's CPU seconds per GB it served from remote (and the local S3 server's,
     which shares the machine here) and per GB it passed through, the time to the first record of the
-    tiered topic through the proxy in the first round (a cold partition) and the proxy's peak RSS. With
+    tiered topic through the proxy in the first round (a cold partition), the proxy's peak RSS, and per
+    side its Fetch requests asked ahead (`fetch_ahead`) and native lane runs (`native_lane`) by outcome. With
     the reference proxy: `kroxylicious_passthrough_ratio` (local data through Kroxylicious / straight),
     `passthrough_vs_kroxylicious` (ours / Kroxylicious, local data), Kroxylicious' CPU per GB and peak RSS.
     Targets: ratio >= 0.8 (stretch 1.0), passthrough_ratio >= 0.9, proxy CPU <= 1.5 s/GB from remote and
@@ -221,6 +228,7 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, cl
             "store_cpu_s_per_gb": {str(k): r["store_cpu_s_per_gb"] for k, r in summary.items()},
             "proxy_peak_rss_mb": round(proxy.peak / (1 << 20), 1),
             "fetch_ahead": {str(k): r["fetch_ahead"] for k, r in summary.items()},
+            "native_lane": {str(k): r["native_lane"] for k, r in summary.items()},
         }
         if reference is not None:
             theirs = {s: r["kroxylicious"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
@@ -259,18 +267,21 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
     cpu: dict[str, list[float]] = {side: [] for side in cpu_of}
     store_cpu: list[float] = []
     first_ms: list[float] = []
-    ahead: dict[str, dict[str, float]] = {"remote": {}, "passthrough": {}}  # Fetch asked ahead, by outcome
+    # the proxy's counters by side: Fetch asked ahead and native lane runs, by outcome
+    counted: dict[str, dict[str, dict[str, float]]] = {side: {} for side in ("remote", "passthrough")}
     for n in range(rounds):
         for side, (topic, server) in via.items():
-            asked = proxy.fetch_ahead() if side in ahead else {}
+            before_counts = proxy.outcomes() if side in counted else {}
             before = cpu_of[side]() if side in cpu_of else 0.0
             store_before = _cpu(store)
             r = _read(server, topic, count, config, clients)
             if side in cpu_of:
                 cpu[side].append((cpu_of[side]() - before) / (r["bytes"] / 1e9))
-            if side in ahead:
-                for outcome, total in proxy.fetch_ahead().items():
-                    ahead[side][outcome] = ahead[side].get(outcome, 0) + total - asked.get(outcome, 0)
+            if side in counted:
+                for name, totals in proxy.outcomes().items():
+                    mine = counted[side].setdefault(name, {})
+                    for outcome, total in totals.items():
+                        mine[outcome] = mine.get(outcome, 0) + total - before_counts[name].get(outcome, 0)
             if side == "remote":
                 store_cpu.append((_cpu(store) - store_before) / (r["bytes"] / 1e9))
                 first_ms.append(r["first_record_ms"])
@@ -291,5 +302,6 @@ def _measure(bootstrap: str, admin: AdminClient, config: Path, proxy: ProxyProce
         out["kroxylicious_cpu_s_per_gb"] = round(statistics.median(cpu["kroxylicious"]), 2)
     out["store_cpu_s_per_gb"] = round(statistics.median(store_cpu), 2)
     out["first_remote_record_ms"] = round(first_ms[0], 1)  # the first round: the partition is cold
-    out["fetch_ahead"] = {side: {k: int(v) for k, v in outcomes.items()} for side, outcomes in ahead.items()}
+    for name in _COUNTED.values():
+        out[name] = {side: {k: int(v) for k, v in counts.get(name, {}).items()} for side, counts in counted.items()}
     return out
