@@ -687,11 +687,13 @@ class TieredConsumer:
             return
         self._closing = True
         try:
-            if self._auto_commit:
-                self._commit_positions(asynchronous=False)
-            if self._subscribed:
-                self._leave_group()
-            self._inner.close()
+            try:
+                if self._auto_commit:
+                    self._commit_positions(asynchronous=False)
+                if self._subscribed:
+                    self._leave_group()  # a failure here (a user's on_revoke raising) still closes the inner one
+            finally:
+                self._inner.close()
         finally:
             for part in self._parts.values():
                 self._close_stream(part)

@@ -122,3 +122,44 @@ def test_group_members_share_partitions_across_rebalances_while_the_boundary_mov
             assert (key, value, headers) == want[offset], f"partition {p} offset {offset} differs"
         assert any(g[4] for g in got[p]) and not all(g[4] for g in got[p]), f"partition {p}: not remote then broker"
         assert max(offsets) < ends[p]
+
+
+def test_close_commits_and_leaves_the_group_even_when_on_revoke_raises(tiered: TieredTopic) -> None:
+    """``close`` leaves the group by ``unsubscribe`` and a poll that serves the revocation (librdkafka can hang in
+    an unassign its own close serves); the user's on_revoke raising there still closes the inner consumer, the
+    group is left at once (the next member gets every partition long before the first one's 60 s session ends),
+    and it goes on exactly after what the first member was given."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    config = {"bootstrap.servers": tiered.ctx.settings.bootstrap_servers, "group.id": group,
+              "auto.offset.reset": "earliest", "session.timeout.ms": 60_000}  # fmt: skip
+
+    def refuse(_consumer: Any, _partitions: list) -> None:
+        raise RuntimeError("on_revoke refused")
+
+    first = TieredConsumer(config, tiered.reader_settings())
+    first.subscribe([tiered.topic], on_revoke=refuse)
+    given: dict[int, int] = {}
+    deadline = time.monotonic() + 60
+    while len(given) < PARTITIONS and time.monotonic() < deadline:
+        for m in first.consume(100, 0.5):
+            assert m.error() is None, m.error()
+            given[m.partition()] = m.offset()
+    assert len(given) == PARTITIONS, f"the first member read only partitions {sorted(given)}"
+    with pytest.raises(RuntimeError, match="on_revoke refused"):
+        first.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        first.consume(1, 0)
+    with pytest.raises(RuntimeError, match="Consumer closed"):
+        first._inner.assignment()  # librdkafka's consumer itself was closed, not left open behind the error
+    second = TieredConsumer(config, tiered.reader_settings())
+    second.subscribe([tiered.topic])
+    firsts: dict[int, int] = {}
+    deadline = time.monotonic() + 30  # half the first member's session: only a group it left gives partitions
+    try:
+        while len(firsts) < PARTITIONS and time.monotonic() < deadline:
+            for m in second.consume(100, 0.5):
+                assert m.error() is None, m.error()
+                firsts.setdefault(m.partition(), m.offset())
+    finally:
+        second.close()
+    assert firsts == {p: o + 1 for p, o in given.items()}, "the second member did not go on where the first stopped"
