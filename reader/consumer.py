@@ -707,7 +707,8 @@ class TieredConsumer:
         ``(incremental_)unassign`` made from a rebalance callback that ``close`` itself serves (librdkafka
         issues 4527 and 4884; seen here after a member's session timed out and it joined again); the
         callback served by a poll after ``unsubscribe`` does not. Bounded: ``close`` follows regardless.
-        What the inner consumer returns meanwhile is dropped: it was never delivered, so never committed."""
+        What the inner consumer returns meanwhile is dropped: it was never delivered, so never committed. Not
+        ``unsubscribe()``: that forgets the partitions before the revocation commits their positions."""
         self._inner.unsubscribe()
         self._subscribed = False
         deadline = time.monotonic() + _LEAVE_S
