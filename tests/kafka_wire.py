@@ -114,18 +114,23 @@ class RawKafka:
     def fetch_many(self, version: int, topic: str, topic_id: uuid.UUID, offsets: dict[int, int], max_bytes: int,
                    partition_max_bytes: int = 1 << 20) -> Any | None:  # fmt: skip
         """One sessionless Fetch of several partitions of a topic, in the order of ``offsets``."""
-        request = request_type(FETCH, version)
-        topic_type = nested(request, "topics")
-        part_type = nested(topic_type, "partitions")
-        parts = tuple(build(part_type, partition=i32(p), current_leader_epoch=i32(-1), fetch_offset=i64(o),
-                            last_fetched_epoch=i32(-1), log_start_offset=i64(-1),
-                            partition_max_bytes=i32(partition_max_bytes)) for p, o in offsets.items())  # fmt: skip
-        return self.request(
-            FETCH, version, replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=100), min_bytes=i32(1),
-            max_bytes=i32(max_bytes), isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1),
-            topics=(build(topic_type, topic=topic, topic_id=topic_id, partitions=parts),),
-            forgotten_topics_data=(), rack_id="",
-        )  # fmt: skip
+        return self.request(FETCH, version, **fetch_fields(version, topic, topic_id, offsets, max_bytes,
+                                                           partition_max_bytes))  # fmt: skip
+
+
+def fetch_fields(version: int, topic: str, topic_id: uuid.UUID, offsets: dict[int, int], max_bytes: int,
+                 partition_max_bytes: int = 1 << 20) -> dict[str, Any]:  # fmt: skip
+    """The fields of a sessionless Fetch of several partitions of a topic, in the order of ``offsets``."""
+    request = request_type(FETCH, version)
+    topic_type = nested(request, "topics")
+    part_type = nested(topic_type, "partitions")
+    parts = tuple(build(part_type, partition=i32(p), current_leader_epoch=i32(-1), fetch_offset=i64(o),
+                        last_fetched_epoch=i32(-1), log_start_offset=i64(-1),
+                        partition_max_bytes=i32(partition_max_bytes)) for p, o in offsets.items())  # fmt: skip
+    return {"replica_id": i32(-1), "max_wait": datetime.timedelta(milliseconds=100), "min_bytes": i32(1),
+            "max_bytes": i32(max_bytes), "isolation_level": i8(0), "session_id": i32(0), "session_epoch": i32(-1),
+            "topics": (build(topic_type, topic=topic, topic_id=topic_id, partitions=parts),),
+            "forgotten_topics_data": (), "rack_id": ""}  # fmt: skip
 
 
 def record_bytes(answer: Any) -> int:

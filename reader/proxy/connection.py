@@ -120,11 +120,7 @@ class ClientConnection:
     async def serve(self) -> None:
         tasks = [asyncio.create_task(self._read_requests()), asyncio.create_task(self._write_answers())]
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*tasks)  # the first error of either ends the connection
         except ConnectionClosed as exc:
             self.server.metrics.closed_bad.labels(exc.reason).inc()
             level = log.info if exc.reason in ("idle", "broker closed") else log.warning
@@ -139,6 +135,11 @@ class ClientConnection:
             for task in (*tasks, self.asking):
                 if task is not None:
                     task.cancel()
+            # A task keeps its error, whose traceback keeps this frame (it raised the error here): without the
+            # tasks let go, that reference cycle would keep the frames of the connection's tasks (the last request
+            # routed, the answer being written) until the garbage collector runs (docs/design.md, "Answers freed
+            # when sent")
+            tasks.clear()
             if self.lane is not None:  # its thread lets go of the sockets before they close
                 await self.lane.stop()
                 self.lane.close()

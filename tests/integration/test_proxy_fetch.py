@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import socket
+import struct
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from reader.proxy.fetch import FetchPlan
 from reader.proxy.fetch_ahead import Ahead, Given, Held
 from reader.proxy.pass_through import PassThrough
 from reader.proxy.slots import Request, Slot
-from tests.kafka_wire import RawKafka, batch_count, partition_errors
+from tests.kafka_wire import FETCH, RawKafka, batch_count, fetch_fields, partition_errors
 from tests.proxy_harness import (
     UNHURRIED,
     check_exact,
@@ -62,6 +65,26 @@ def test_confluent_consumer_reads_everything_from_zero(stack: Endpoints, tiered:
     assert ahead > 0, "no Fetch asked ahead was served (reader/proxy/fetch_ahead.py)"
 
 
+@contextmanager
+def collector_off() -> Iterator[Callable[[], list[str]]]:
+    """The block runs with Python's cyclic garbage collector off; what it is given names (by type) the proxy's
+    request and answer state that only the collector could free, found among the unreachable objects then."""
+
+    def in_cycles() -> list[str]:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        return [type(found).__qualname__ for found in gc.garbage if _left_in_cycles(found)]
+
+    gc.collect()
+    gc.disable()
+    try:
+        yield in_cycles
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
 def _left_in_cycles(found: object) -> bool:
     """A request's or an answer's state in the proxy, or a view of a received answer (64 KiB or more)."""
     if isinstance(found, memoryview):
@@ -78,25 +101,40 @@ def test_every_answer_is_freed_once_sent_without_the_garbage_collector(stack: En
     memory (docs/design.md, "Answers freed when sent")."""
     local, produced = random_topic(stack.bootstrap, 1, 6_000)
     ends = {p: tiered.end_offset(p) for p in tiered.by_partition}
-    gc.collect()
-    gc.disable()
-    try:
-        with proxy_for(tiered.config, stack.bootstrap, fetch_ahead_max_age_seconds=UNHURRIED) as proxy:
-            got = read_all(proxy_bootstrap(proxy), tiered.topic, ends, **{"isolation.level": "read_uncommitted"})
-            got_local = read_all(proxy_bootstrap(proxy), local, {0: len(produced[0])})
-            served = proxy.metrics.fetch_ahead.labels("served")._value.get()
-            remote = proxy.metrics.fetch_partitions.labels("remote")._value.get()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            gc.collect()
-            left = [type(found).__qualname__ for found in gc.garbage if _left_in_cycles(found)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    with collector_off() as in_cycles, proxy_for(tiered.config, stack.bootstrap,
+                                                 fetch_ahead_max_age_seconds=UNHURRIED) as proxy:  # fmt: skip
+        got = read_all(proxy_bootstrap(proxy), tiered.topic, ends, **{"isolation.level": "read_uncommitted"})
+        got_local = read_all(proxy_bootstrap(proxy), local, {0: len(produced[0])})
+        served = proxy.metrics.fetch_ahead.labels("served")._value.get()
+        remote = proxy.metrics.fetch_partitions.labels("remote")._value.get()
+        left = in_cycles()
     for p, messages in got.items():
         check_exact([(m.offset(), as_record(m)) for m in messages], expected(tiered.by_partition[p], False))
     check_exact([(m.offset(), as_record(m)) for m in got_local[0]], produced[0])
     assert remote > 0 and served > 0, (remote, served)
+    assert not left, f"left in reference cycles: {sorted(set(left))} ({len(left)} objects)"
+
+
+def test_a_client_gone_mid_answer_leaves_nothing_in_reference_cycles(stack: Endpoints, tiered: TieredTopic) -> None:
+    """With the cyclic garbage collector off, a client sends Fetch requests of the remote part and resets its
+    connection (RST, no answer read): the proxy's connection ends on the error, and nothing of its requests or
+    answers is left in a reference cycle. The error's traceback holds the frames of the connection's tasks (the
+    last request routed, the answer being written); kept in a cycle, those would hold their buffers and answer
+    budget until the next collection."""
+    with collector_off() as in_cycles, proxy_for(tiered.config, stack.bootstrap) as proxy:
+        raw = RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}")
+        topic_id = raw.metadata(tiered.topic).topics[0].topic_id
+        for offset in (0, 100, 200):
+            raw.send(FETCH, 13, **fetch_fields(13, tiered.topic, topic_id, {0: offset, 1: offset}, 4 << 20))
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+        raw.close()
+        deadline = time.monotonic() + 30
+        while proxy.metrics.connections._value.get() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        open_connections = proxy.metrics.connections._value.get()
+        errors = proxy.metrics.closed_bad.labels("error")._value.get()
+        left = in_cycles()
+    assert open_connections == 0 and errors == 1, (open_connections, errors)
     assert not left, f"left in reference cycles: {sorted(set(left))} ({len(left)} objects)"
 
 
