@@ -140,6 +140,8 @@ class ClientConnection:
             # routed, the answer being written) until the garbage collector runs (docs/design.md, "Answers freed
             # when sent")
             tasks.clear()
+            while not self.slots.empty():  # answers never to go out: let go of them with their plans and views now
+                self.slots.get_nowait()
             if self.lane is not None:  # its thread lets go of the sockets before they close
                 await self.lane.stop()
                 self.lane.close()

@@ -119,7 +119,7 @@ def test_a_client_gone_mid_answer_leaves_nothing_in_reference_cycles(stack: Endp
     """With the cyclic garbage collector off, a client sends Fetch requests of the remote part and resets its
     connection (RST, no answer read): the proxy's connection ends on the error, and nothing of its requests or
     answers is left in a reference cycle. The error's traceback holds the frames of the connection's tasks (the
-    last request routed, the answer being written); kept in a cycle, those would hold their buffers and answer
+    last request routed, an answer being written); kept in a cycle, those would hold their buffers and answer
     budget until the next collection."""
     with collector_off() as in_cycles, proxy_for(tiered.config, stack.bootstrap) as proxy:
         raw = RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}")
