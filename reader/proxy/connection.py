@@ -154,6 +154,11 @@ class ClientConnection:
             self.client_writer.close()
             with contextlib.suppress(Exception):
                 await self.client_writer.wait_closed()
+            # asyncio keeps the client socket's error (in the reader and the protocol's closed future) with its
+            # traceback; where a write raised it, the traceback's frame was called by the writing task, whose frame
+            # holds this connection, which holds the reader: a cycle holding the answer being written
+            if (error := self.client_reader.exception()) is not None:
+                error.__traceback__ = None
 
     # -- requests -------------------------------------------------------------------------------
     async def _read_requests(self) -> None:

@@ -20,7 +20,7 @@ from reader.proxy.fetch import FetchPlan
 from reader.proxy.fetch_ahead import Ahead, Given, Held
 from reader.proxy.pass_through import PassThrough
 from reader.proxy.slots import Request, Slot
-from tests.kafka_wire import FETCH, RawKafka, batch_count, fetch_fields, partition_errors
+from tests.kafka_wire import FETCH, RawKafka, batch_count, fetch_fields, partition_errors, read_exactly
 from tests.proxy_harness import (
     UNHURRIED,
     check_exact,
@@ -115,17 +115,22 @@ def test_every_answer_is_freed_once_sent_without_the_garbage_collector(stack: En
     assert not left, f"left in reference cycles: {sorted(set(left))} ({len(left)} objects)"
 
 
-def test_a_client_gone_mid_answer_leaves_nothing_in_reference_cycles(stack: Endpoints, tiered: TieredTopic) -> None:
+@pytest.mark.parametrize("read_first", [False, True], ids=["no-answer-read", "first-answer-begun"])
+def test_a_client_gone_mid_answer_leaves_nothing_in_reference_cycles(stack: Endpoints, tiered: TieredTopic,
+                                                                     read_first: bool) -> None:  # fmt: skip
     """With the cyclic garbage collector off, a client sends Fetch requests of the remote part and resets its
-    connection (RST, no answer read): the proxy's connection ends on the error, and nothing of its requests or
-    answers is left in a reference cycle. The error's traceback holds the frames of the connection's tasks (the
-    last request routed, an answer being written); kept in a cycle, those would hold their buffers and answer
-    budget until the next collection."""
+    connection (RST), either with no answer read or once the first answer has begun to come (its size read, the
+    others queued or being read): the proxy's connection ends on the error, and nothing of its requests or answers
+    is left in a reference cycle. The error's traceback holds the frames of the connection's tasks (the last
+    request routed, an answer being written); kept in a cycle, those would hold their buffers and answer budget
+    until the next collection."""
     with collector_off() as in_cycles, proxy_for(tiered.config, stack.bootstrap) as proxy:
         raw = RawKafka(f"127.0.0.1:{proxy.router.port_for(1)}")
         topic_id = raw.metadata(tiered.topic).topics[0].topic_id
         for offset in (0, 100, 200):
             raw.send(FETCH, 13, **fetch_fields(13, tiered.topic, topic_id, {0: offset, 1: offset}, 4 << 20))
+        if read_first:
+            read_exactly(raw.sock, 4)
         raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
         raw.close()
         deadline = time.monotonic() + 30

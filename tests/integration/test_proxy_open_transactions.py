@@ -66,6 +66,11 @@ def tiered(stack: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             producer.flush(30)
         _produce(plain, topic, produced, b"plain", 400)
         assert plain.flush(30) == 0
+    # two more segments of other records: local retention by bytes releases the last transactional record's
+    # segment only when what follows it is at least local.retention.bytes (one segment), and where the segments
+    # roll depends on the batches, so 400 records alone sometimes left that segment local for good
+    _produce(plain, topic, produced, b"plain", 2 * SEGMENT // 200)
+    assert plain.flush(30) == 0
     txn_offsets = {o for o, (k, _) in produced.items() if k.startswith(b"txn-")}
     aborted = {o for o, (k, _) in produced.items() if k == b"txn-abort"}
     txns["abort"].abort_transaction(30)
