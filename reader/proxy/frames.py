@@ -183,7 +183,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.frames.appendleft(None)  # the end stays the end
         self._flow()
         if isinstance(item, BaseException):
-            raise item
+            try:
+                raise item
+            finally:  # this frame, in the error's traceback, must not hold the error: a reference cycle
+                del item
         if isinstance(item, Unread):
             return item
         return None if item is None else memoryview(item)[4:]
@@ -251,6 +254,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.waiting.cancel()
             self.waiting = None
         self.frames = collections.deque(f for f in self.frames if not isinstance(f, bytearray))
+        for item in self.frames:
+            # an error a write met was raised inside asyncio's transport: its traceback's frames were called by the
+            # code that wrote (``write_frame``, its frame holding this protocol and the frame being written), a
+            # reference cycle while the error waits here
+            if isinstance(item, BaseException):
+                item.__traceback__ = None
         self.frame = None
         self.budget.release(self.held)
         self.held = 0
