@@ -234,7 +234,10 @@ class ReadAhead:
                 loading = w.state == LOADING
                 error, w.error = w.error, None
             if error is not None:
-                raise error
+                try:
+                    raise error
+                finally:  # this frame, in the error's traceback, must not hold the error: a reference cycle
+                    del error
             if not loading:
                 break
             w.done.wait()  # READY, failed, or evicted since: look again

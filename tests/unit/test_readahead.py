@@ -4,9 +4,11 @@ comes back."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
+import weakref
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -66,7 +68,10 @@ class FakeReader:
         self.reads.append((copy.name, start, end))
         failure = self.failures.pop((copy.name, start), None)
         if failure is not None:
-            raise failure
+            try:
+                raise failure
+            finally:  # as a store's fresh error: nothing here holds it
+                del failure
         return bytes(end - start)
 
     def next_copy(self, copy: FakeCopy) -> FakeCopy | None:
@@ -236,6 +241,34 @@ def test_a_read_ahead_error_is_raised_once_when_taken_and_the_next_take_reads_ag
     assert ahead.take().data is not None
     ahead.close()
     assert reader.pool.used == 0
+
+
+def test_a_read_ahead_error_taken_leaves_the_reader_in_no_reference_cycle() -> None:
+    """With the cyclic garbage collector off, a read-ahead error taken and handled leaves the ``ReadAhead`` (its
+    windows, their downloaded bytes) to reference counting: the frame that raised the error does not hold it (a
+    store outage raises one per window, each a cycle holding a reader's windows until a collection)."""
+    a = FakeCopy("a", 0, 99, 128 * KIB)
+    reader = FakeReader([a], pool_bytes=1 << 20)
+    reader.failures[("a", 0)] = RemoteUnavailable("a", 3, "store down")
+    gc.collect()
+    gc.disable()
+    try:
+        ahead = ReadAhead(reader, no_prepare)
+        ahead.begin(a, 0)
+        settle(reader)
+        raised = False
+        try:
+            ahead.take()
+        except RemoteUnavailable:
+            raised = True
+        ahead.close()
+        settle(reader)
+        gone = weakref.ref(ahead)
+        del ahead
+        alive = gone() is not None
+    finally:
+        gc.enable()
+    assert raised and not alive
 
 
 def test_the_next_copy_located_ahead_is_kept_even_when_the_reader_finished_the_copy_before_it() -> None:
