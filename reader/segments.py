@@ -29,7 +29,7 @@ from tiering_core.formats import (
     parse_time_index,
     parse_txn_index,
 )
-from tiering_core.objects import Manifest, ManifestError, SegmentRef
+from tiering_core.objects import MANIFEST_MAX_BYTES, Manifest, ManifestError, SegmentRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ class SegmentIndexCache:
         manifest_key = ref.key("manifest")
         if manifest is None:
             try:
-                manifest = Manifest.decode(self.fetcher.get_object(manifest_key), manifest_key)
+                manifest = Manifest.decode(self.fetcher.get_object(manifest_key, MANIFEST_MAX_BYTES), manifest_key)
             except ManifestError as exc:
                 raise RemoteDataCorrupt(manifest_key, 0, str(exc)) from exc
         if (manifest.topic_id, manifest.partition, manifest.base_offset, manifest.segment_id) != (

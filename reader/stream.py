@@ -193,7 +193,8 @@ class PartitionStream:
             try:
                 payload = batch_payload(key, view, h)
             except FormatError as exc:
-                payloads[i] = exc
+                # kept without its traceback, whose frame (this one) holds the payloads and the window: a cycle
+                payloads[i] = exc.with_traceback(None)
                 continue
             if not self.pool.try_reserve(len(payload)):
                 break
@@ -295,11 +296,11 @@ class PartitionStream:
         key = cur.head.copy.log_key
         payload = cur.payloads[i]
         cur.payloads[i] = None
+        if isinstance(payload, FormatError):  # found ahead; not raised again here (this frame would hold it)
+            raise RemoteDataCorrupt(key, cur.base + payload.position, payload.reason) from payload
         try:
             if payload is None:
                 payload = batch_payload(key, cur.view, h)
-            elif isinstance(payload, FormatError):
-                raise payload
         except FormatError as exc:
             raise RemoteDataCorrupt(key, cur.base + exc.position, exc.reason) from exc
         return _Slicing(h, payload, Record if self.record_class is None else self.record_class(h))

@@ -32,6 +32,8 @@ from pydantic import BaseModel, ConfigDict
 from tiering_core.errors import TieringError
 
 MANIFEST_VERSION = 1
+# A manifest is well under a KiB of JSON; a reader reads at most this much of one (a larger object is not a manifest)
+MANIFEST_MAX_BYTES = 1 << 20
 TOPIC_DIR_MAX_BYTES = 255
 INDEX_PARTS = ("offset", "time", "txn", "producer_snapshot", "leader_epoch")
 

@@ -153,3 +153,29 @@ def test_a_refused_upload_is_a_remote_store_error_naming_key_and_endpoint(
         assert key in str(caught.value) and stack.s3.endpoint_url in str(caught.value)
         assert "XMinioInvalidObjectName" in str(caught.value)
     assert mine(store.incomplete_uploads("store-test/"), key) == []
+
+
+def test_a_reader_reads_a_manifest_on_the_fast_path_within_its_limit(stack: Endpoints) -> None:
+    """``RangeFetcher.get_object`` (manifests, one per copy a reader enters) is a ranged GET on the presigned path:
+    boto3 sends no GetObject, the bytes are the object's; a larger object than the limit is an error naming it,
+    a missing one RemoteObjectMissing."""
+    from reader.config import ReaderSettings
+    from reader.errors import RemoteObjectMissing, RemoteReadError
+    from reader.fetcher import RangeFetcher
+
+    store = S3Store(config(stack))
+    calls: list[str] = []
+    store.client.meta.events.register("before-call.s3.GetObject", lambda **kw: calls.append("GetObject"))
+    fetcher = RangeFetcher(store, ReaderSettings(bootstrap_servers=stack.bootstrap))
+    small, large = f"store-test/{uuid.uuid4().hex}/manifest", f"store-test/{uuid.uuid4().hex}/manifest"
+    body = os.urandom(700)
+    store.put_bytes(small, body)
+    store.put_bytes(large, os.urandom(4097))
+    assert fetcher.get_object(small, 700) == body
+    assert fetcher.get_object(small, 4096) == body
+    with pytest.raises(RemoteReadError, match=re.escape(large) + ".*larger than the 4096 bytes"):
+        fetcher.get_object(large, 4096)
+    with pytest.raises(RemoteObjectMissing, match="missing"):
+        fetcher.get_object(f"store-test/{uuid.uuid4().hex}/manifest", 4096)
+    assert calls == [], "a manifest was read through boto3's GetObject"
+    store.delete([small, large])

@@ -64,3 +64,40 @@ def test_a_broker_reset_mid_write_leaves_the_writer_in_no_reference_cycle(read_a
     finally:
         gc.enable()
     assert not alive, "what the writing task held is kept by a reference cycle"
+
+
+async def _forward_while_paused_to_a_reset_broker() -> weakref.ref[_Frame]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        loop = asyncio.get_running_loop()
+        protocol = FrameProtocol(1 << 20, ByteBudget(1 << 24))
+        _, upstream = await loop.create_connection(lambda: protocol, *listener.getsockname())
+        broker, _ = listener.accept()  # reads nothing: the request fills the sockets and the transport pauses
+        request = _Frame(32 << 20)
+        task = asyncio.create_task(upstream.write_frame(request))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if protocol.paused:
+                break
+        assert protocol.paused, "the transport never paused: the test would not wait on the drain"
+        broker.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        broker.close()  # an RST under the paused write
+        with contextlib.suppress(ConnectionError):
+            await task
+        upstream.close()
+        await asyncio.sleep(0)
+        del task
+        return weakref.ref(request)
+
+
+def test_a_broker_reset_under_a_paused_write_leaves_the_writer_in_no_reference_cycle() -> None:
+    """A write waiting for the transport to drain (the broker reads slowly) when the broker resets the connection:
+    the drain's future keeps the error, whose traceback holds the waiting write's frame (the protocol, the frame
+    being written). Once the connection is closed, nothing is left in a cycle."""
+    gc.collect()
+    gc.disable()
+    try:
+        request = asyncio.run(_forward_while_paused_to_a_reset_broker())
+        alive = request() is not None
+    finally:
+        gc.enable()
+    assert not alive, "the frame being written is kept by a reference cycle"

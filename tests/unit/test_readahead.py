@@ -324,3 +324,42 @@ def test_a_window_prepare_finds_damaged_leaves_the_disk_cache_and_the_error_is_t
     ahead.close()
     settle(reader)
     assert reader.pool.used == 0
+
+
+def test_a_corrupt_batch_found_ahead_by_the_stream_leaves_its_window_in_no_reference_cycle() -> None:
+    """The TieredConsumer's stream checks each batch on the download thread and keeps what the check found for the
+    decoder. With the cyclic garbage collector off, a batch whose CRC-32C does not match leaves the window's bytes
+    (which the checking frame held) to reference counting once the decoder has raised it as RemoteDataCorrupt
+    naming the key and the position: the error kept is not one whose traceback holds that frame."""
+    from reader.stream import PartitionStream, _Decoding
+    from tests.kafka_encoder import encode_batch
+
+    class Window(bytearray):  # the window's bytes, with a weak reference to see when they are freed
+        pass
+
+    good = encode_batch(0, [(b"k", b"v" * 100, [])])
+    bad = bytearray(encode_batch(1, [(b"k", b"w" * 100, [])]))
+    bad[-1] ^= 0xFF  # the last record byte: its CRC-32C no longer matches
+    data = Window(good + bytes(bad))
+    copy = FakeCopy("t/0/copy.log", 0, 1, len(data))
+    reader = FakeReader([copy], pool_bytes=1 << 20)
+    stream = PartitionStream(reader, "t", 0, 0)  # type: ignore[arg-type]
+    gc.collect()
+    gc.disable()
+    try:
+        prepared, _ = stream._prepare(copy, data, 0)  # type: ignore[arg-type]
+        assert prepared is not None and isinstance(prepared.payloads[0], bytes)
+        window = SimpleNamespace(copy=copy, data=data, start=0)
+        cur = _Decoding(window, data, len(data), 0, prepared.headers, prepared.payloads)  # type: ignore[arg-type]
+        with pytest.raises(RemoteDataCorrupt, match=r"t/0/copy\.log.*CRC") as caught:
+            stream._slicing(cur, 1, prepared.headers[1])
+        assert caught.value.position == len(good)
+        del caught, cur, prepared, window
+        gone = weakref.ref(data)
+        del data
+        alive = gone() is not None
+    finally:
+        gc.enable()
+        stream.close()
+        reader.executor.shutdown()
+    assert not alive, "the window's bytes are held by a reference cycle"
