@@ -2,7 +2,7 @@
 //!
 //! The pure-Python decoder (`tiering_core.formats`) is the reference; this module accepts and rejects
 //! exactly the same inputs (the differential tests in tests/unit/test_native_decoder.py hold it to
-//! that). Three entry points, two walks for the proxy, and its pass-through cycle:
+//! that). Three entry points, two walks for the proxy, and its two Fetch cycles:
 //!
 //! - `batch_payload`: a batch's records section, CRC-32C checked and decompressed (GIL released);
 //! - `decode_records`: records of a records section as tuples of a given tuple type (the messages the
@@ -11,7 +11,8 @@
 //!   GIL released for the whole walk;
 //! - `fetch_answer_scan`: a broker's Fetch answer's partition headers (`fetch_scan`), its records skipped;
 //! - `fetch_request_layout`: where a client's Fetch request's fields are;
-//! - `FetchLane`: a connection's pass-through Fetch cycle, run with the GIL released (`fetch_lane`).
+//! - `FetchLane`: a connection's pass-through Fetch cycle, run with the GIL released (`fetch_lane`);
+//! - `RemoteLane`: a connection's Fetch cycle from remote storage, the same way (`remote_lane`).
 //!
 //! Corrupt input raises `DecodeError(kind, position, reason)` (kind: "format", "unsupported" or
 //! "truncated", as FormatError, UnsupportedFormatError and TruncatedBatchError; position: the batch's
@@ -28,10 +29,12 @@ mod batch;
 mod columns;
 mod fetch_lane;
 mod fetch_scan;
+mod lane;
 mod lane_io;
 mod lz4;
 mod protobuf;
 mod record;
+mod remote_lane;
 
 use batch::{Kind, LOG_OVERHEAD};
 
@@ -330,6 +333,8 @@ fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fetch_request_layout, m)?)?;
     m.add_class::<columns::ColumnDecoder>()?;
     m.add_class::<fetch_lane::FetchLane>()?;
+    m.add_class::<remote_lane::RemoteLane>()?;
+    m.add_function(wrap_pyfunction!(remote_lane::remote_answer, m)?)?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_compile, m)?)?;
     m.add_function(wrap_pyfunction!(protobuf::protobuf_json_schema, m)?)?;
     m.add_class::<protobuf::ProtobufDecoder>()?;

@@ -198,6 +198,14 @@ class ProxyListen(BaseModel):
         "thread of its own without the interpreter, while its requests are the ones predicted; anything else goes "
         "back to the event loop. Needs fetch_ahead and plain TCP to the brokers.",
     )  # fmt: skip
+    remote_lane: bool = Field(
+        default=True,
+        description="A client reading remote partitions alone (read_uncommitted, no fetch quota of the proxy's own) "
+        "whose Fetch claims an answer asked ahead hands its cycle to the compiled module too "
+        "(reader/proxy/remote_lane.py): the probe per answer sent, the answer built from the batches read-ahead "
+        "holds and written, on a lane thread, while the broker allows every partition and the requests are the ones "
+        "predicted. Needs native_lane.",
+    )  # fmt: skip
     native_lanes: int = Field(
         default=64, ge=1, le=4096,
         description="Connections on a native lane at once (a thread each while it runs); the others keep the "

@@ -28,7 +28,7 @@ import contextlib
 import functools
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reader.proxy.authentication import Authentication
@@ -38,7 +38,8 @@ from reader.proxy.fetch_ahead import FetchAhead, Given, Held, NextFetch, next_fe
 from reader.proxy.frames import UPSTREAM_MAX_FRAME, FrameProtocol, Unread, sized
 from reader.proxy.handlers import handler_for
 from reader.proxy.lane import Lane, LaneThreads, account
-from reader.proxy.protocol import can_parse, peek_request
+from reader.proxy.protocol import can_parse, peek_request, read_request_head
+from reader.proxy.remote_lane import Chain, RemoteLane
 from reader.proxy.services import ProxyServices
 from reader.proxy.slots import Answer, Request, Slot
 from reader.proxy.splice import Relay
@@ -113,6 +114,7 @@ class ClientConnection:
         self.order = asyncio.Lock()  # a request is forwarded and its slot queued in one step, whoever asks it
         self.writing = False  # the writing task holds a slot (lane.py: a lane starts only while it holds none)
         self.lane: Lane | None = None  # the connection's native lane, made at its first use (lane.py)
+        self.remote_lane: RemoteLane | None = None  # its remote lane, the same way (remote_lane.py)
         sock = writer.get_extra_info("socket")
         plain = sock is not None and writer.get_extra_info("sslcontext") is None
         self.client_fd = sock.fileno() if plain else None  # answers may be spliced to it (splice.py)
@@ -142,9 +144,10 @@ class ClientConnection:
             tasks.clear()
             while not self.slots.empty():  # answers never to go out: let go of them with their plans and views now
                 self.slots.get_nowait()
-            if self.lane is not None:  # its thread lets go of the sockets before they close
-                await self.lane.stop()
-                self.lane.close()
+            for lane in (self.lane, self.remote_lane):  # its thread lets go of the sockets before they close
+                if lane is not None:
+                    await lane.stop()
+                    lane.close()
             if self.fetch_ahead is not None:
                 self.fetch_ahead.close()
             if self.upstream is not None:
@@ -286,7 +289,7 @@ class ClientConnection:
             return None
         if out is None:
             return Held([sized(answer)], given, local=slot.gate is not None)
-        return Held(list(out) if isinstance(out, list) else [out], given)
+        return Held(list(out) if isinstance(out, list) else [out], given, remote=slot.remote)
 
     def _ask_ahead(self, request: NextFetch, given: list[Given]) -> None:
         """Ask the broker now for the Fetch the client will send next if the answer to ``request`` (which gave
@@ -335,13 +338,20 @@ class ClientConnection:
     # -- the native lane (lane.py) --------------------------------------------------------------
     def _lane_may_take(self, slot: Slot) -> bool:
         """Whether the client's Fetch that claimed an answer asked ahead (``slot``) may start a lane: the answer is
-        the broker's to a request of the broker's partitions alone, the connection is plain TCP, authenticated and
-        not throttled, every answer before it is out, and nothing is buffered on either side."""
+        the broker's to a request of the broker's partitions alone, or one from remote storage a remote lane may
+        serve (remote_lane.py; the client has no fetch quota of the proxy's), the connection is plain TCP,
+        authenticated and not throttled, every answer before it is out, and nothing is buffered on either side."""
         held = slot.served
         if self.server.lanes is None or held is None or slot.next is None or self.client_fd is None:
             return False
         answer = held.answer.result()
-        if answer is None or not answer.local or len(answer.pieces) != 1:
+        if answer is None:
+            return False
+        if answer.remote is not None:
+            client_id = read_request_head(slot.next.frame).client_id or ""
+            if not self.server.remote_lanes or self.server.quotas.max_bytes(self.auth.user, client_id) is not None:
+                return False
+        elif not answer.local or len(answer.pieces) != 1:
             return False
         if not self.auth.done or self.throttled_until > time.monotonic() or self.writing or not self.slots.empty():
             return False
@@ -352,52 +362,105 @@ class ClientConnection:
         return buffered is not None and not buffered and not transport.get_write_buffer_size()
 
     async def _run_lane(self, slot: Slot) -> bytes | None:
-        """Serve ``slot`` (its held answer) and the client's Fetch requests after it on the native lane, while they
-        are the ones predicted; the client frame it gave back (None: nothing pending). Where the lane cannot take it
-        after all, the slot is queued as usual. Raises EOFError when the client closed between requests."""
+        """Serve ``slot`` (its held answer) and the client's Fetch requests after it on a lane, while they are the
+        ones predicted; the client frame it gave back (None: nothing pending). Where the lane cannot take it after
+        all, the slot is queued as usual. Raises EOFError when the client closed between requests."""
         held, request = slot.served, slot.next
         assert held is not None and request is not None and self.upstream is not None
         answer = held.answer.result()
         assert answer is not None
-        threads, budget, s = self.server.lanes, self.server.answers, self.settings
+        threads = self.server.lanes
         assert threads is not None and self.client_fd is not None
         broker_fd = self.upstream.socket_fd()
         if broker_fd is None or not threads.acquire():
             await self.slots.put(slot)
             return None
         try:
-            if self.lane is None or self.lane.version != slot.version:
-                if self.lane is not None:
-                    self.lane.close()
-                self.lane = Lane(self.client_fd, broker_fd, slot.version, min(s.max_frame_bytes, SMALL_FRAME),
-                                 UPSTREAM_MAX_FRAME, s.fetch_max_bytes, s.fetch_ahead_max_age_seconds,
-                                 s.frame_timeout_seconds, s.idle_timeout_seconds)  # fmt: skip
-            bound = self.lane.start(request.frame, served(answer, slot.correlation_id)[0])
-            charge = 2 * bound if bound is not None else 0
-            if bound is None or not budget.take_now(charge):
-                await self.slots.put(slot)
-                return None
-            try:
-                if not self.upstream.lend():
-                    await self.slots.put(slot)
-                    return None
-                held.free()  # the lane holds its own copy
-                return await self._lane_runs(threads)
-            finally:
-                budget.release(charge)
+            if answer.remote is not None:
+                return await self._run_remote_lane(slot, threads, broker_fd)
+            return await self._run_native_lane(slot, threads, broker_fd)
         finally:
             threads.release()
 
-    async def _lane_runs(self, threads: LaneThreads) -> bytes | None:
-        """The lane's runs, both sockets lent to it, until it gives the connection back."""
-        lane, upstream, transport = self.lane, self.upstream, self.client_writer.transport
-        assert lane is not None and upstream is not None and self.fetch_ahead is not None
+    async def _run_native_lane(self, slot: Slot, threads: LaneThreads, broker_fd: int) -> bytes | None:
+        held, request, budget, s = slot.served, slot.next, self.server.answers, self.settings
+        assert held is not None and request is not None and self.upstream is not None and self.client_fd is not None
+        answer = held.answer.result()
+        assert answer is not None
+        if self.lane is None or self.lane.version != slot.version:
+            if self.lane is not None:
+                self.lane.close()
+            self.lane = Lane(self.client_fd, broker_fd, slot.version, min(s.max_frame_bytes, SMALL_FRAME),
+                             UPSTREAM_MAX_FRAME, s.fetch_max_bytes, s.fetch_ahead_max_age_seconds,
+                             s.frame_timeout_seconds, s.idle_timeout_seconds)  # fmt: skip
+        bound = self.lane.start(request.frame, served(answer, slot.correlation_id)[0])
+        charge = 2 * bound if bound is not None else 0
+        if bound is None or not budget.take_now(charge):
+            await self.slots.put(slot)
+            return None
+        try:
+            if not self.upstream.lend():
+                await self.slots.put(slot)
+                return None
+            held.free()  # the lane holds its own copy
+            lane = self.lane
+            return await self._lane_runs(lambda: lane.run(threads), slot.version, self.server.metrics.native_lane,
+                                         "broker", self.server.count_passed)  # fmt: skip
+        finally:
+            budget.release(charge)
+
+    async def _run_remote_lane(self, slot: Slot, threads: LaneThreads, broker_fd: int) -> bytes | None:
+        """``_run_lane`` for a remote answer: the remote lane handed the answers read-ahead holds (``Chain``), more
+        handed each time it comes back for them (waiting for the store, on a remote thread, when none is in memory:
+        the client waits for that read on any path)."""
+        held, request, server, s = slot.served, slot.next, self.server, self.settings
+        assert held is not None and request is not None and self.upstream is not None and self.client_fd is not None
+        answer = held.answer.result()
+        assert answer is not None and answer.remote is not None
+        if self.remote_lane is None or self.remote_lane.version != slot.version:
+            if self.remote_lane is not None:
+                self.remote_lane.close()
+            self.remote_lane = RemoteLane(self.client_fd, broker_fd, slot.version, min(s.max_frame_bytes, SMALL_FRAME),
+                                          UPSTREAM_MAX_FRAME, s.fetch_ahead_max_age_seconds, s.frame_timeout_seconds,
+                                          s.idle_timeout_seconds)  # fmt: skip
+        lane = self.remote_lane
+        if not lane.start(request, served(answer, slot.correlation_id), answer.remote, answer.given):
+            await self.slots.put(slot)
+            return None
+        chain = Chain(answer.remote, request, answer.given, server.view, server.answers)
+        try:
+            if not chain.hand(lane, block=False) or not self.upstream.lend():
+                lane.lane.finish()  # let go of the answer's pieces at its next run; this one goes the usual way
+                await self.slots.put(slot)
+                return None
+            loop = asyncio.get_running_loop()
+
+            async def run() -> tuple[Any, ...]:
+                nothing = not lane.lane.queued() and not chain.hand(lane, block=False)
+                if nothing and not await loop.run_in_executor(server.remote_pool, chain.hand, lane, True):
+                    lane.lane.finish()
+                result = await lane.run(threads)
+                chain.served(result[3])
+                return result
+
+            held.free()  # the lane holds the answer's pieces; its batches are in the chain's budget from here
+            return await self._lane_runs(run, slot.version, server.metrics.remote_lane, "remote",
+                                         lambda n: server.metrics.fetch_partitions.labels("remote").inc(n))  # fmt: skip
+        finally:
+            chain.close()
+
+    async def _lane_runs(self, run: Callable[[], Awaitable[tuple[Any, ...]]], version: int, runs: Any, source: str,
+                         count_partitions: Callable[[int], None]) -> bytes | None:  # fmt: skip
+        """A lane's runs (``run``: one run; ``runs``: its counter of runs, ``source``: where its answers come from),
+        both sockets lent to it, until it gives the connection back."""
+        upstream, transport = self.upstream, self.client_writer.transport
+        assert upstream is not None and self.fetch_ahead is not None
         transport.pause_reading()
         try:
             while True:
-                result = await lane.run(threads)
-                account(result, lane.version, self.server.metrics, self.fetch_ahead, self.server.view,
-                        self.server.count_passed)  # fmt: skip
+                result = await run()
+                account(result, version, runs, source, self.server.metrics, self.fetch_ahead,
+                        self.server.view, count_partitions)  # fmt: skip
                 outcome, detail, pending = result[0], result[1], result[2]
                 if outcome != "again":
                     break

@@ -95,6 +95,7 @@ class FetchPlan:
     allowed: set[Any] = field(default_factory=set)  # topic keys the broker allowed in its answer to this request
     denied: set[Any] = field(default_factory=set)  # topic keys whose probe the broker refused
     live: dict[str, bool | None] = field(default_factory=dict)  # by name: the cached id confirmed now (``_live``)
+    sent: bytes | None = None  # the request sent the broker for it (the probes of a remote lane: remote_lane.py)
 
     @classmethod
     def make(cls, version: int, request: Any, view: TieredView, confirm_holes: bool = False) -> FetchPlan:

@@ -172,6 +172,7 @@ class Held(NamedTuple):
     pieces: list[bytes | memoryview]
     given: list[Given]
     local: bool = False  # the broker's answer as it gave it, every partition of its request the broker's (lane.py)
+    remote: Any = None  # a remote answer that may go on a remote lane: its ``remote_lane.RemoteHeld``
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from reader.proxy.protocol import (
     response_body_start,
     response_type,
 )
+from reader.proxy.remote_lane import remote_held
 from reader.proxy.slots import Answer, Exchange, Request, Slot
 
 
@@ -120,6 +121,8 @@ async def fetch(x: Exchange, req: Request) -> Slot:
             out = encode_fetch_answer(correlation_id, version, body) if changed or throttle_ms else None
             if x.fetch_ahead is not None:
                 slot.given = given_by_body(body, version)
+                if server.remote_lanes and not throttle_ms:
+                    slot.remote = remote_held(plan, body, plan.sent)
         if throttle_ms:  # KIP-219: the (empty) answer goes out now and the connection's next requests wait
             server.metrics.throttle_seconds.inc(throttle_ms / 1000)
             x.throttled_until = max(x.throttled_until, time.monotonic() + throttle_ms / 1000)
@@ -165,6 +168,7 @@ async def _ask_broker(x: Exchange, plan: FetchPlan, request: Any, head: Any, fra
     if clamped or plan.remote or not sessionless or plan.upstream.topics != request.topics:
         patched = patched_fetch_request(frame, head.body, plan.version, plan.upstream)  # fetch_request.py
         frame = patched if patched is not None else request_frame(head, frame, plan.upstream)
+    plan.sent = frame
     await x.forward(frame)
     if ahead and plan.probes_only:
         plan.read_remote(server.view, block=False)

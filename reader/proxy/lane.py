@@ -32,6 +32,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from prometheus_client import Counter
+
 from reader.proxy.fetch import FETCH
 from reader.proxy.fetch_ahead import FetchAhead
 from reader.proxy.metrics import ProxyMetrics
@@ -71,24 +73,17 @@ class LaneThreads:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-class Lane:
-    """One connection's lane (made at its first use), and the stop pipe that ends a run at once."""
+class LaneRuns:
+    """What both lanes share: the compiled lane (``lane``, made by the subclass), its runs on a lane thread, and the
+    stop pipe that ends a run at once."""
 
-    def __init__(self, client_fd: int, broker_fd: int, version: int, max_request: int, max_answer: int,
-                 fetch_max_bytes: int, max_age: float, frame_timeout: float, idle_timeout: float) -> None:  # fmt: skip
-        assert _NATIVE_LANE is not None
+    lane: Any
+
+    def __init__(self, version: int) -> None:
         self.version = version
         self.stop_r, self.stop_w = os.pipe()
         os.set_blocking(self.stop_w, False)
         self.running: asyncio.Future[Any] | None = None
-        self.lane = _NATIVE_LANE(client_fd, broker_fd, self.stop_r, version, max_request, max_answer, fetch_max_bytes,
-                                 max_age, frame_timeout, idle_timeout, RUN_SECONDS)  # fmt: skip
-
-    def start(self, request: bytes, answer: bytes | memoryview) -> int | None:
-        """Given the client's Fetch and its answer (size prefix first): the most an answer of it can hold, or None
-        (not one for a lane: ``FetchLane.start``)."""
-        bound: int | None = self.lane.start(request, answer)
-        return bound
 
     async def run(self, threads: LaneThreads) -> tuple[Any, ...]:
         """One run on a lane thread; a caller cancelled meanwhile stops it and waits for it (the sockets stay open
@@ -119,20 +114,38 @@ class Lane:
                 os.close(fd)
 
 
-def account(result: tuple[Any, ...], version: int, metrics: ProxyMetrics, ahead: FetchAhead, view: TieredView,
-            count_passed: Callable[[int], None]) -> None:  # fmt: skip
-    """A run's answers in the metrics, its answers asked ahead in fetch ahead's outcomes, and the broker's offsets it
-    saw in the view (as ``FetchPlan.observe`` learns them from the answers passing through)."""
-    outcome, detail, _, served, answers, offsets, passed = result
-    metrics.native_lane.labels(outcome).inc()
+class Lane(LaneRuns):
+    """One connection's lane (made at its first use)."""
+
+    def __init__(self, client_fd: int, broker_fd: int, version: int, max_request: int, max_answer: int,
+                 fetch_max_bytes: int, max_age: float, frame_timeout: float, idle_timeout: float) -> None:  # fmt: skip
+        assert _NATIVE_LANE is not None
+        super().__init__(version)
+        self.lane = _NATIVE_LANE(client_fd, broker_fd, self.stop_r, version, max_request, max_answer, fetch_max_bytes,
+                                 max_age, frame_timeout, idle_timeout, RUN_SECONDS)  # fmt: skip
+
+    def start(self, request: bytes, answer: bytes | memoryview) -> int | None:
+        """Given the client's Fetch and its answer (size prefix first): the most an answer of it can hold, or None
+        (not one for a lane: ``FetchLane.start``)."""
+        bound: int | None = self.lane.start(request, answer)
+        return bound
+
+
+def account(result: tuple[Any, ...], version: int, runs: Counter, source: str, metrics: ProxyMetrics,
+            ahead: FetchAhead, view: TieredView, count_partitions: Callable[[int], None]) -> None:  # fmt: skip
+    """A run's answers in the metrics (``runs``: the lane's runs by outcome; ``source``: where its answers' records
+    came from), its answers asked ahead in fetch ahead's outcomes, and the broker's offsets it saw in the view (as
+    ``FetchPlan.observe`` learns them from the answers passing through)."""
+    outcome, detail, _, served, answers, offsets, partitions = result
+    runs.labels(outcome).inc()
     for size, seconds in answers:
-        metrics.answered(FETCH, "broker", size, seconds)
+        metrics.answered(FETCH, source, size, seconds)
     if served:
         ahead.outcomes.labels("served").inc(served)
     if outcome in ("request", "done") and detail in ("missed", "unusable", "stale"):
         ahead.outcomes.labels(detail).inc()
     ahead.routed += served
-    count_passed(passed)
+    count_partitions(partitions)
     learned = []
     for topic, partition, log_start, high, stable in offsets:
         key = _topic_key(view, topic, version)

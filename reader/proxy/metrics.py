@@ -59,6 +59,12 @@ class ProxyMetrics:
             "than fetch_ahead_max_age_seconds), unusable (the broker's answer needed a change).", ("outcome",),
             registry=r,
         )  # fmt: skip
+        self.remote_lane = Counter(
+            "tiering_proxy_remote_lane_runs", "Runs of remote lanes (reader/proxy/remote_lane.py), by how they ended: "
+            "again (came back for more answers or the metrics and went on), request (gave a client frame back: not "
+            "the one predicted, a probe the broker refused, too old), done (the answers handed served: the remote "
+            "end, read-ahead empty), closed, idle, failed, stopped.", ("outcome",), registry=r,
+        )  # fmt: skip
         self.native_lane = Counter(
             "tiering_proxy_native_lane_runs", "Runs of native lanes (reader/proxy/lane.py), by how they ended: again "
             "(came back for the metrics and went on), request (gave a client frame back), done (nothing asked ahead: "

@@ -32,6 +32,7 @@ from reader.proxy.frames import UPSTREAM_MAX_FRAME, FrameProtocol
 from reader.proxy.lane import LaneThreads, available
 from reader.proxy.metrics import ProxyMetrics
 from reader.proxy.quotas import ClientQuotaManager
+from reader.proxy.remote_lane import available as remote_lane_available
 from reader.proxy.routing import Router
 from reader.proxy.splice import PipePool, pipe_max_size
 from reader.proxy.tiered import TieredView
@@ -88,6 +89,7 @@ class ProxyServer:
         self.pipes = PipePool(p.zero_copy_pipes, pipe_max_size()) if zero_copy else None
         native_lane = p.native_lane and p.fetch_ahead and available() and self.upstream_ssl is None
         self.lanes = LaneThreads(p.native_lanes) if native_lane else None
+        self.remote_lanes = self.lanes is not None and p.remote_lane and remote_lane_available()
         self.client_ssl = p.tls.context() if p.tls is not None else None
         self.servers: dict[int | None, asyncio.base_events.Server] = {}
         self.connections = 0

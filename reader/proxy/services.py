@@ -33,6 +33,7 @@ class ProxyServices(Protocol):
     fetch_turns: FetchTurns  # a Fetch's Python work on the event loop (plan, merge, encode) one per iteration
     pipes: PipePool | None  # kernel pipes for pass-through answers (splice.py); None: every answer is buffered
     lanes: LaneThreads | None  # threads for native lanes (lane.py); None: every cycle on the event loop
+    remote_lanes: bool  # remote answers may go on a remote lane too (remote_lane.py), on the same threads
 
     async def open_upstream(self, node: int | None) -> FrameProtocol:
         """A connection to ``node``'s broker (any bootstrap broker for None)."""

@@ -11,6 +11,7 @@ from reader.proxy.authentication import Authentication
 from reader.proxy.config import ProxyListen
 from reader.proxy.fetch_ahead import Ahead, FetchAhead, Given, NextFetch
 from reader.proxy.fetch_scan import ScannedFetch
+from reader.proxy.remote_lane import RemoteHeld
 from reader.proxy.services import ProxyServices
 from reader.proxy.splice import Gate
 
@@ -45,6 +46,7 @@ class Slot:
     ahead: Ahead | None = None  # a Fetch asked ahead: its answer is held, not written
     served: Ahead | None = None  # the Fetch asked ahead whose held answer this slot writes
     given: list[Given] | None = None  # what a Fetch answer the proxy parsed gave (set by ``finish``)
+    remote: RemoteHeld | None = None  # a remote answer that may go on a remote lane (set by ``finish``)
 
 
 @dataclass(slots=True)

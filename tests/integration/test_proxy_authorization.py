@@ -9,6 +9,7 @@ answered by the broker directly too, as the reference the proxy must match."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import struct
 import time
@@ -43,6 +44,7 @@ from tests.kafka_wire import RawKafka, partition_errors, record_bytes
 from tests.proxy_harness import console_consume, proxy_bootstrap, proxy_for, read_all
 from tests.sasl_broker import CLIENTS, PASSWORD, USER, SaslBroker, sasl_broker
 from tests.sidecar_harness import wait_for, write_config
+from tiering_core.formats.records import iter_batches
 
 pytestmark = pytest.mark.integration
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -239,7 +241,6 @@ def test_an_acl_removed_after_alice_read_local_data_on_a_native_lane_holds_on_he
     one predicted), so her cycle runs on a native lane (reader/proxy/lane.py); once the broker refuses her, her next
     Fetch through the proxy is refused too, with no record byte. (With the default max age of 0.1 s her lane has
     given the connection back before the ACL is removed: what this shows is that nothing the lane held outlives it.)"""
-    admin = AdminClient(tiered.broker.client_config())
     served = tiered.proxy.metrics.fetch_ahead.labels("served")
     runs = tiered.proxy.metrics.native_lane
     with RawKafka(tiered.proxy_broker) as raw:
@@ -252,26 +253,61 @@ def test_an_acl_removed_after_alice_read_local_data_on_a_native_lane_holds_on_he
             offset = _after_last_batch(answer.responses[0].partitions[0].records)
         # a lane counts what it served when it ends (here: nothing asked within the max age)
         wait_for(lambda: served._value.get() - before >= 3, 30, "alice's answers served from answers asked ahead")
-        read_acl = acl("alice", ResourceType.TOPIC, tiered.topic, AclOperation.READ)
-        _wait(admin.delete_acls([AclBindingFilter(read_acl.restype, read_acl.name, read_acl.resource_pattern_type,
-                                                  read_acl.principal, read_acl.host, read_acl.operation,
-                                                  read_acl.permission_type)]))  # fmt: skip
-        try:
-            with RawKafka(tiered.broker.bootstrap) as direct:
-                assert direct.sasl_plain("alice", CLIENTS["alice"]) == 0
-
-                def refused() -> bool:
-                    answer = direct.fetch(12, tiered.topic, tiered.topic_id, 0, offset, 1024)
-                    return answer is not None and partition_errors(answer) == [TOPIC_AUTHORIZATION_FAILED]
-
-                wait_for(refused, 30, "the broker applying the removed ACL")
+        with _read_acl_removed(tiered, offset):
             time.sleep(2 * tiered.proxy.settings.proxy.fetch_ahead_max_age_seconds)
             after = raw.fetch(12, tiered.topic, tiered.topic_id, 0, offset, max_bytes=1024)
             assert after is not None and partition_errors(after) == [TOPIC_AUTHORIZATION_FAILED]
             assert record_bytes(after) == 0
-        finally:
-            _wait(admin.create_acls([read_acl]))
     assert sum(c._value.get() for c in runs._metrics.values()) > lanes_before, "no native lane ran"
+
+
+def test_an_acl_removed_after_alice_read_remote_data_on_a_remote_lane_holds_on_her_next_fetch(tiered: Tiered) -> None:
+    """alice catches up from remote storage (below the broker's log start), each Fetch where the last answer's last
+    batch ended (the one predicted), so her cycle runs on a remote lane (reader/proxy/remote_lane.py) and she reads
+    every record byte for byte from it; once the broker refuses her, her next Fetch through the proxy is refused
+    too, with no record byte: the lane's probe is the broker's decision on every answer."""
+    runs = tiered.proxy.metrics.remote_lane
+    with RawKafka(tiered.proxy_broker) as raw:
+        assert raw.sasl_plain("alice", CLIENTS["alice"]) == 0
+        lanes_before = sum(c._value.get() for c in runs._metrics.values())
+        offset, values = 0, {}
+        while offset < tiered.log_start:
+            answer = raw.fetch(12, tiered.topic, tiered.topic_id, 0, offset, max_bytes=4096)
+            assert answer is not None and partition_errors(answer) == [0] and record_bytes(answer) > 0
+            records = answer.responses[0].partitions[0].records
+            values.update((r.offset, r.value) for batch in iter_batches("answer", records) for r in batch.records)
+            offset = _after_last_batch(records)
+        assert all(values[o] == tiered.produced[o] for o in range(offset)), "records differ or are missing"
+        wait_for(lambda: sum(c._value.get() for c in runs._metrics.values()) > lanes_before, 30,
+                 "a remote lane run ending")  # fmt: skip
+        assert runs.labels("failed")._value.get() == 0
+        with _read_acl_removed(tiered, tiered.log_start):
+            time.sleep(2 * tiered.proxy.settings.proxy.fetch_ahead_max_age_seconds)
+            after = raw.fetch(12, tiered.topic, tiered.topic_id, 0, 0, max_bytes=4096)
+            assert after is not None and partition_errors(after) == [TOPIC_AUTHORIZATION_FAILED]
+            assert record_bytes(after) == 0
+
+
+@contextlib.contextmanager
+def _read_acl_removed(tiered: Tiered, offset: int) -> Iterator[None]:
+    """alice's READ on the topic removed, until the broker refuses her a Fetch at ``offset``; given back after."""
+    admin = AdminClient(tiered.broker.client_config())
+    read_acl = acl("alice", ResourceType.TOPIC, tiered.topic, AclOperation.READ)
+    _wait(admin.delete_acls([AclBindingFilter(read_acl.restype, read_acl.name, read_acl.resource_pattern_type,
+                                              read_acl.principal, read_acl.host, read_acl.operation,
+                                              read_acl.permission_type)]))  # fmt: skip
+    try:
+        with RawKafka(tiered.broker.bootstrap) as direct:
+            assert direct.sasl_plain("alice", CLIENTS["alice"]) == 0
+
+            def refused() -> bool:
+                answer = direct.fetch(12, tiered.topic, tiered.topic_id, 0, offset, 1024)
+                return answer is not None and partition_errors(answer) == [TOPIC_AUTHORIZATION_FAILED]
+
+            wait_for(refused, 30, "the broker applying the removed ACL")
+        yield
+    finally:
+        _wait(admin.create_acls([read_acl]))
 
 
 def _wait(futures: dict) -> None:  # type: ignore[type-arg]

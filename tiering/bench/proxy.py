@@ -43,7 +43,11 @@ from tiering.bench.upload import run_sampled
 from tiering_core.kafka_logs import admin_client
 
 SIDES = ("remote", "broker", "passthrough")
-_COUNTED = {"tiering_proxy_fetch_ahead": "fetch_ahead", "tiering_proxy_native_lane_runs": "native_lane"}
+_COUNTED = {
+    "tiering_proxy_fetch_ahead": "fetch_ahead",
+    "tiering_proxy_native_lane_runs": "native_lane",
+    "tiering_proxy_remote_lane_runs": "remote_lane",
+}
 
 
 class ProxyProcess:
@@ -92,8 +96,8 @@ class ProxyProcess:
 
     def outcomes(self) -> dict[str, dict[str, float]]:
         """The proxy's counters by outcome so far: ``fetch_ahead``, its Fetch requests asked ahead
-        (``tiering_proxy_fetch_ahead_total``), and ``native_lane``, its lanes' runs by how they ended
-        (``tiering_proxy_native_lane_runs_total``)."""
+        (``tiering_proxy_fetch_ahead_total``), ``native_lane`` and ``remote_lane``, its lanes' runs by how they ended
+        (``tiering_proxy_native_lane_runs_total``, ``tiering_proxy_remote_lane_runs_total``)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as answer:
             text = answer.read().decode()
         out: dict[str, dict[str, float]] = {name: {} for name in _COUNTED.values()}
@@ -176,7 +180,8 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, cl
     MB/s of every side, the proxy's CPU seconds per GB it served from remote (and the local S3 server's,
     which shares the machine here) and per GB it passed through, the time to the first record of the
     tiered topic through the proxy in the first round (a cold partition), the proxy's peak RSS, and per
-    side its Fetch requests asked ahead (`fetch_ahead`) and native lane runs (`native_lane`) by outcome. With
+    side its Fetch requests asked ahead (`fetch_ahead`), native lane runs (`native_lane`) and remote lane runs
+    (`remote_lane`) by outcome. With
     the reference proxy: `kroxylicious_passthrough_ratio` (local data through Kroxylicious / straight),
     `passthrough_vs_kroxylicious` (ours / Kroxylicious, local data), Kroxylicious' CPU per GB and peak RSS.
     Targets: ratio >= 0.8 (stretch 1.0), passthrough_ratio >= 0.9, proxy CPU <= 1.5 s/GB from remote and
@@ -229,6 +234,7 @@ def proxy_bench(size_mb: int, rounds: int, codec: str, reference_proxy: bool, cl
             "proxy_peak_rss_mb": round(proxy.peak / (1 << 20), 1),
             "fetch_ahead": {str(k): r["fetch_ahead"] for k, r in summary.items()},
             "native_lane": {str(k): r["native_lane"] for k, r in summary.items()},
+            "remote_lane": {str(k): r["remote_lane"] for k, r in summary.items()},
         }
         if reference is not None:
             theirs = {s: r["kroxylicious"]["mb_s"] / r["broker"]["mb_s"] for s, r in summary.items()}
