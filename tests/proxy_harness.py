@@ -131,14 +131,16 @@ def _text(field: str) -> bytes | None:
     return None if field == "null" else field.encode()
 
 
-def kcat_consume(bootstrap: str, topic: str, partition: int, count: int) -> list[tuple[int, bytes, bytes]]:
+def kcat_consume(bootstrap: str, topic: str, partition: int, count: int, extra: tuple[str, ...] = ()
+                 ) -> list[tuple[int, bytes, bytes]]:  # fmt: skip
     """kcat (librdkafka's C tool) from the beginning of one partition to its end: (offset, key, value) each.
-    Records are framed by kcat's own format string with lengths, so any bytes come back exact."""
+    Records are framed by kcat's own format string with lengths, so any bytes come back exact. ``extra``: more of
+    its arguments (``-X`` properties)."""
     import subprocess
 
     result = subprocess.run(
         ["kcat", "-C", "-b", bootstrap, "-t", topic, "-p", str(partition), "-o", "beginning", "-e", "-c", str(count),
-         "-f", "%o %K %S:%k%s"],
+         "-f", "%o %K %S:%k%s", *extra],
         capture_output=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]

@@ -429,10 +429,11 @@ class ClientConnection:
             return None
         chain = Chain(answer.remote, request, answer.given, server.view, server.answers)
         try:
-            if not chain.hand(lane, block=False) or not self.upstream.lend():
+            if not self.upstream.lend():
                 lane.lane.finish()  # let go of the answer's pieces at its next run; this one goes the usual way
                 await self.slots.put(slot)
                 return None
+            chain.hand(lane, block=False)
             loop = asyncio.get_running_loop()
 
             async def run() -> tuple[Any, ...]:
