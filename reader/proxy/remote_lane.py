@@ -23,6 +23,7 @@ ahead, and given back as they are served or when the lane ends.
 from __future__ import annotations
 
 import struct
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,8 @@ class Chain:
                 self.offsets[(g.topic, g.partition)] = end[0]
         self.charges: deque[int] = deque()
         self.ended = False  # the remote end reached, a read failed: nothing more to hand
+        self.closed = False  # the lane ended (a hand still running on a remote thread gives its answer back)
+        self._lock = threading.Lock()
 
     def hand(self, lane: RemoteLane, block: bool) -> int:
         """Hand the lane the answers read-ahead holds now (``block``: at least the next one, waiting for the store);
@@ -155,22 +158,38 @@ class Chain:
             aborted.append([(a.producer_id, a.first_offset) for a in served.aborted])
             used += len(served.data)
             moved[(part.key, part.index)] = served.next_offset
-        if not used or not self.budget.take_now(used):
+        if not used or not self._take(used):
             self.ended = True
             return None
+        with self._lock:
+            if self.closed:
+                self.budget.release(used)
+                return None
+            self.charges.append(used)
         self.offsets.update(moved)
-        self.charges.append(used)
         return records, aborted if held.read_committed else None
+
+    def _take(self, n: int) -> bool:
+        """``n`` bytes of the answer budget if they fit in it now (small answers too: ``take_now`` lets those
+        through, which for answers held ahead would let many lanes of small answers grow past the budget)."""
+        granted = self.budget.take_upto(n)
+        if granted < n:
+            self.budget.release(granted)
+            return False
+        return True
 
     def served(self, answers: int) -> None:
         """``answers`` handed were served: their budget goes back."""
-        for _ in range(min(answers, len(self.charges))):
-            self.budget.release(self.charges.popleft())
+        with self._lock:
+            for _ in range(min(answers, len(self.charges))):
+                self.budget.release(self.charges.popleft())
 
     def close(self) -> None:
-        """The lane ended: what it did not serve goes back."""
-        self.budget.release(sum(self.charges))
-        self.charges.clear()
+        """The lane ended: what it did not serve goes back, and a hand still running gives its answer back too."""
+        with self._lock:
+            self.closed = self.ended = True
+            self.budget.release(sum(self.charges))
+            self.charges.clear()
 
 
 def _records(given: Given) -> memoryview | bytes | None:
