@@ -233,10 +233,15 @@ impl RemoteLane {
         self.cycle.as_ref().map_or(0, |c| c.queue.len())
     }
 
-    /// No more answers will be handed: the run serves those queued, writes the one due and ends (`done`).
-    fn finish(&mut self) {
+    /// No more answers will be handed: the run serves those queued (none with `drop_queued`), writes the one due and
+    /// ends (`done`).
+    #[pyo3(signature = (drop_queued=false))]
+    fn finish(&mut self, drop_queued: bool) {
         if let Some(cycle) = self.cycle.as_mut() {
             cycle.last_answer = true;
+            if drop_queued {
+                cycle.queue.clear();
+            }
         }
     }
 

@@ -412,7 +412,8 @@ class ClientConnection:
     async def _run_remote_lane(self, slot: Slot, threads: LaneThreads, broker_fd: int) -> bytes | None:
         """``_run_lane`` for a remote answer: the remote lane handed the answers read-ahead holds (``Chain``), more
         handed each time it comes back for them (waiting for the store, on a remote thread, when none is in memory:
-        the client waits for that read on any path)."""
+        the client waits for that read on any path), none once the client has a fetch quota of the proxy's (the
+        cluster's quotas are read while lanes run: its answers are counted and throttled on the event loop)."""
         held, request, server, s = slot.served, slot.next, self.server, self.settings
         assert held is not None and request is not None and self.upstream is not None and self.client_fd is not None
         answer = held.answer.result()
@@ -436,7 +437,12 @@ class ClientConnection:
             chain.hand(lane, block=False)
             loop = asyncio.get_running_loop()
 
+            client_id = read_request_head(request.frame).client_id or ""
+
             async def run() -> tuple[Any, ...]:
+                if server.quotas.max_bytes(self.auth.user, client_id) is not None:
+                    chain.ended = True  # a quota set meanwhile: the answer due goes out, the rest on the loop
+                    lane.lane.finish(drop_queued=True)
                 nothing = not lane.lane.queued() and not chain.hand(lane, block=False)
                 if nothing and not await loop.run_in_executor(server.remote_pool, chain.hand, lane, True):
                     lane.lane.finish()

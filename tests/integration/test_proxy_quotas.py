@@ -32,7 +32,7 @@ from deploy.stack import Endpoints
 from reader.proxy import ProxyServer
 from tests.conftest import create_topic
 from tests.kafka_wire import RawKafka, record_bytes
-from tests.proxy_harness import proxy_bootstrap, proxy_for
+from tests.proxy_harness import UNHURRIED, proxy_bootstrap, proxy_for
 from tests.reader_harness import running_sidecar
 from tests.sidecar_harness import wait_for, write_config
 from tiering.cli.main import main
@@ -173,3 +173,54 @@ def test_a_client_over_its_quota_gets_the_quota_and_others_are_not_slowed(stack:
     assert slow.throttle_ms > 0 and throttled_seconds > 0
     assert free_rate > 3 * QUOTA
     assert fast.throttle_ms == 0
+
+
+def test_a_quota_set_while_a_client_reads_on_a_remote_lane_counts_what_it_reads_next(
+    stack: Endpoints, tiered: Tiered
+) -> None:
+    """A client without a quota reads the remote part once, at about 6 MB/s, on one remote lane
+    (reader/proxy/remote_lane.py; fetch ahead's max age long enough that its pauses do not end it). A quota set for
+    it a second in holds from the lane's next run: the lane stops handing answers and the client's Fetch requests go
+    back to the event loop, which counts their remote bytes to the quota (and throttles them once over it). A lane
+    that went on would serve the rest of the remote part with nothing counted."""
+    client = f"quota-late-{uuid.uuid4().hex[:6]}"
+    pace = 6_000_000  # bytes/s: the remote part (about 40 MB) takes some seconds
+    with proxy_for(tiered.config, stack.bootstrap, quota_refresh_seconds=1.0,
+                   fetch_ahead_max_age_seconds=UNHURRIED) as proxy:  # fmt: skip
+        consumer = Consumer({"bootstrap.servers": proxy_bootstrap(proxy), "group.id": f"quota-{client}",
+                             "client.id": client, "enable.auto.commit": False,
+                             "queued.max.messages.kbytes": 2048})  # fmt: skip
+        quota_set, read_at_quota, total = False, None, 0
+        try:
+            consumer.assign([TopicPartition(tiered.topic, 0, 0)])
+            started = time.monotonic()
+            while True:
+                messages = consumer.consume(16, 0.2)
+                for m in messages:
+                    assert m.error() is None, m.error()
+                    if m.offset() < tiered.remote_end:
+                        total += len(m.value()) + len(m.key())
+                if any(m.offset() >= tiered.remote_end - 1 for m in messages):
+                    break
+                time.sleep(max(0.0, started + total / pace - time.monotonic()))
+                if not quota_set and time.monotonic() > started + 1:
+                    configs(stack, "--alter", "--entity-type", "clients", "--entity-name", client, "--add-config",
+                            f"consumer_byte_rate={QUOTA}")  # fmt: skip
+                    quota_set = True
+                if read_at_quota is None and proxy.quotas.quotas.rates.get((None, client)) == QUOTA:
+                    read_at_quota = total
+        finally:
+            consumer.close()
+            if quota_set:
+                configs(stack, "--alter", "--entity-type", "clients", "--entity-name", client, "--delete-config",
+                        "consumer_byte_rate")  # fmt: skip
+        counted = sum(sample.total for key, sensor in proxy.quotas.sensors.items() if client in key
+                      for sample in sensor.rate.samples)  # fmt: skip
+        runs = {o: proxy.metrics.remote_lane.labels(o)._value.get() for o in ("again", "done", "request")}
+    assert read_at_quota is not None, "the proxy read the quota only after the client reached the remote end"
+    after = total - read_at_quota
+    print(f"read {total / 1e6:.1f} MB, {after / 1e6:.1f} MB after the proxy read the quota, {counted / 1e6:.1f} MB "
+          f"counted to it; lane runs {runs}")  # fmt: skip
+    assert runs["again"] > 0, f"the client was not on a lane for long: {runs}"
+    # what a lane run serves after the quota came (at most a second at the pace) and librdkafka's queue are not counted
+    assert counted >= after - 2 * pace - (2 << 20), "the bytes read after the quota were not counted to it"

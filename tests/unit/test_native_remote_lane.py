@@ -215,3 +215,23 @@ def test_the_lane_refuses_a_request_whose_partitions_are_not_those_given() -> No
     assert not lane.start(request[:-3], [b""], probe, _parts(version), _records({}))
     small = RemoteLane(0, 0, 0, version, len(request) - 1, 1 << 30, 0.1, 5.0, 5.0, 1.0)
     assert not small.start(request, [b""], probe, _parts(version), _records({}))
+
+
+def test_finishing_with_the_queue_dropped_writes_the_answer_due_and_probes_nothing() -> None:
+    """What the proxy does when a client gets a fetch quota while its lane runs: the answers handed are not served
+    (their bytes would not be counted), the answer due goes out, and the run ends."""
+    version = 13
+    request, _ = _request(version)
+    first = {(0, 0): _batches(1000, [3, 2])}
+    answer = _expected(version, 12, first, 10**6, 10**6)
+    with _lane(version, request, answer, first) as peers:
+        peers.lane.extend(_records({(0, 0): _batches(1005, [4])}))
+        peers.lane.finish(drop_queued=True)
+        assert peers.lane.queued() == 0
+        outcome, detail, pending, served, answers, *_ = peers.run().result(10)
+        assert _read(peers.client) == answer
+        peers.broker.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            peers.broker.recv(1)  # no probe was sent
+    assert (outcome, detail, pending, served, len(answers)) == ("done", "the remote answers handed are served", None,
+                                                                 0, 1)  # fmt: skip
