@@ -4,7 +4,8 @@ A consumer catching up through the proxy from remote storage repeats one cycle: 
 the broker for it, the answer built from the read core's batches, its next Fetch. On the event loop that cycle cost
 about 1.6-1.9 ms of CPU per answer, most of it the interpreter around the steps (docs/design.md, "The remote
 lane"). When a client's Fetch claims an answer asked ahead whose partitions all came from remote storage
-(``RemoteHeld``: read_uncommitted, every probe allowed, nothing throttled), the connection lends both sockets to a
+(``RemoteHeld``: every probe allowed, nothing throttled, no partition waiting for the broker's word on an open
+transaction), the connection lends both sockets to a
 ``RemoteLane`` (``native/src/remote_lane.rs``) and hands it, ahead, the batches of the answers the client will ask
 next: for each, every partition's batches read from the read core exactly as ``FetchPlan.read_remote`` reads them
 (the first partition with data may bring one batch beyond the room, the others what fits in the request's
@@ -14,10 +15,11 @@ the request predicted, and gives the connection back at anything else, so the br
 a refused probe (an ACL revoked, a leader moved) sends the client's Fetch through the Fetch handler, which answers
 with the broker's error.
 
-Not on the lane: read_committed (aborted transactions per answer), a client with a fetch quota of the proxy's own
-(its answers are counted and throttled on the event loop), TLS on either side. Memory: the batches handed are views
-of read-ahead windows; they are taken from the answer budget while handed (``_Chain``), at most ``HANDED_BYTES``
-ahead, and given back as they are served or when the lane ends.
+Not on the lane: read_committed partitions waiting for the broker's word on a transaction the remote data leaves
+open (read_committed answers otherwise carry the aborted transactions the read core found), a client with a fetch
+quota of the proxy's own (its answers are counted and throttled on the event loop), TLS on either side. Memory: the
+batches handed are views of read-ahead windows; they are taken from the answer budget's free room while handed
+(``Chain``), at most ``HANDED_BYTES`` ahead, and given back as they are served or when the lane ends.
 """
 
 from __future__ import annotations

@@ -70,11 +70,12 @@ def test_consumers_of_several_partitions_read_byte_for_byte_on_remote_lanes(
     assert runs["failed"] == 0, runs
 
 
-def test_kcat_and_the_java_console_consumer_read_byte_for_byte_on_remote_lanes(
+def test_kcat_and_the_java_console_consumer_read_byte_for_byte_while_remote_lanes_run(
     stack: Endpoints, tiered: TieredTopic
 ) -> None:
     """kcat (librdkafka, read_committed by default) reads partition 0, the Java console consumer (fetch sessions,
-    read_uncommitted) the whole topic, at once through one proxy."""
+    read_uncommitted) the whole topic, at once through one proxy. The lane runs are counted for the proxy, not per
+    client: that at least one of the two was served on a lane is what the metrics show."""
     kcat_want = expected(tiered.by_partition[0], read_committed=True)
     java_want = {p: expected(tiered.by_partition[p], False) for p in tiered.by_partition}
     with proxy_for(tiered.config, stack.bootstrap, fetch_ahead_max_age_seconds=UNHURRIED) as proxy:
