@@ -10,6 +10,7 @@ import struct
 
 import cramjam
 import crc32c
+import lz4.frame
 
 
 def zigzag_varint(n: int) -> bytes:
@@ -50,8 +51,8 @@ def compress(codec: int, data: bytes) -> bytes:
     if codec == 2:  # snappy-java stream framing, one block
         block = bytes(cramjam.snappy.compress_raw(data))
         return b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1) + struct.pack(">i", len(block)) + block
-    if codec == 3:
-        return bytes(cramjam.lz4.compress(data))
+    if codec == 3:  # independent blocks, as Kafka's producers write them (Kafka's Java consumer refuses linked ones)
+        return lz4.frame.compress(data, block_linked=False)
     if codec == 4:
         return bytes(cramjam.zstd.compress(data))
     raise ValueError(codec)

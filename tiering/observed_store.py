@@ -84,6 +84,9 @@ class ObservedStore:
     def get_bytes(self, key: str) -> bytes:
         return self._observe("get", lambda: self.inner.get_bytes(key))
 
+    def read_url(self, key: str, seconds: int) -> str:
+        return self.inner.read_url(key, seconds)  # signing is local: no request to count
+
     def head(self, key: str) -> int | None:
         return self._observe("head", lambda: self.inner.head(key))
 

@@ -27,13 +27,14 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from reader.listing import list_remote_partitions
 from reader.spark.iceberg_output import IcebergOutput
+from reader.spark.jvm_source import load
 from reader.spark.options import parse_options, store_options
 from reader.spark.parquet_commit import ParquetOutput, new_run_id
 from reader.spark.planning import PartitionRange
 from reader.spark.registry_avro import decode_registry_avro
 from reader.spark.registry_json import decode_registry_json
 from reader.spark.registry_protobuf import decode_registry_protobuf
-from reader.spark.source import NAME, plan, shared_store
+from reader.spark.source import plan, shared_store
 from tiering_core.crash_points import crash_point
 from tiering_core.errors import ConfigError
 from tiering_core.logs import get_logger
@@ -212,7 +213,7 @@ def _frame(spark: SparkSession, request: ExportRequest, wanted: list[PartitionRa
         **_tail_options(request),
         **_log_start_options(request),
     }
-    df = spark.read.format(NAME).options(**options).load()
+    df = load(spark, options)
     return df.withColumn("date", utc_date(F.col("timestamp")))
 
 

@@ -6,7 +6,12 @@ import os
 
 from pyspark.sql import SparkSession
 
+from reader.spark.jvm_jar import JvmReaderUnavailable, source_jar
+from reader.spark.jvm_source import ENABLED_CONF
 from reader.spark.source import register
+from tiering_core.logs import get_logger
+
+log = get_logger(__name__)
 
 
 def export_session(master: str, jars: list[str], app_name: str = "tiering export",
@@ -16,8 +21,16 @@ def export_session(master: str, jars: list[str], app_name: str = "tiering export
     temporary directory, 680 MB of them with hadoop-aws's AWS SDK), else with ``spark.jars``, which ships them
     to the cluster's executors.
 
-    Executors import this package the way the driver does: ``PYTHONPATH`` is passed on to them.
+    Executors import this package the way the driver does: ``PYTHONPATH`` is passed on to them. The JVM reader's
+    jar (``reader.spark.jvm_jar``) is added, built first if needed; without a JDK to build it, ``kafka_tiered`` is
+    read by its Python data source (``reader.spark.jvm_source.load`` picks).
     """
+    try:
+        jars = [*jars, str(source_jar(jars))]
+        jvm_reader = True
+    except JvmReaderUnavailable as exc:
+        log.warning("kafka_tiered will be read by its Python data source", reason=str(exc))
+        jvm_reader = False
     local = master.startswith("local")
     builder = (
         SparkSession.builder.master(master)
@@ -32,6 +45,7 @@ def export_session(master: str, jars: list[str], app_name: str = "tiering export
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")
+        .config(ENABLED_CONF, str(jvm_reader).lower())
     )
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")

@@ -6,11 +6,11 @@ then one SparkSession (local[2]) writes Parquet with the same settings from
 ``format("kafka_tiered")`` (segments from S3, no broker) and from ``format("kafka")`` (the broker,
 through its consumer protocol), both over offsets ``[0, stable end]``, each side ``--rounds`` times,
 interleaved, then into Spark's ``noop`` sink (the sources alone: Parquet writing costs both sides the
-same and hides the difference between them). A small read of each warms the JVM and the Python workers
-first. The source-alone rounds have a third side, the floor of Spark's Python data source path
-(``tiering.bench.source_floor``: the same rows already decoded, so its speed bounds any Python data
-source's). Also reported: our reader alone (segments from S3 to Arrow on the read core an executor uses, one
-decoding thread with its window read ahead, no Spark), which bounds what the data source can do per core.
+same and hides the difference between them). Ours is what ``tiering export`` reads with: the JVM reader
+(``reader.spark.jvm_source``) where the session has it. A small read of each warms the JVM and the Python
+workers first. The source-alone rounds have a third side, the Python data source ``format("kafka_tiered")``
+on the same plan, which every row leaves through a Python worker. Also reported: the Python source's reader
+alone (segments from S3 to Arrow on the read core, one decoding thread with its window read ahead, no Spark).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from tiering_core.produce import produce_waiting
 from tiering_core.schema_registry import schemas_from_topic
 
 PARTITIONS = 2
-FLOOR_SIDE = "python-source-floor"
+PYTHON_SIDE = "python-source"
 
 
 ORDER = {
@@ -143,23 +143,21 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
     share. The last line is a JSON object with `ratio` (our rows/s / Spark Kafka source rows/s, whole
     jobs) and `source_ratio` (the same for the sources alone); `mb_s` counts the Kafka log bytes of the
     exported range (compressed, as stored), `record_mb_s` the key and value bytes of the exported records,
-    the same on both sides; `decoder` names the record decoder (native or python, see
-    tiering_core.formats.native). A third side in the source-alone rounds, `python-source-floor`, is a Python
-    data source that yields the same rows already decoded (Arrow batches from a memory-mapped file, as many
-    rows per batch as ours): what a Python data source reaches in the session when it only hands over
-    batches, so `source_ratio_ceiling` (its rows/s / the Kafka source's) bounds `source_ratio`.
+    the same on both sides; `reader` is jvm (the export's reader, reader.spark.jvm_source) or python (no JDK to
+    build it), `decoder` the Python source's record decoder (native or python, see tiering_core.formats.native).
+    A third side in the source-alone rounds, `python-source`, is the Python data source format("kafka_tiered")
+    on the same plan: `python_source_ratio` is its rows/s over the Kafka source's.
     Targets: ratio >= 1.0 (stretch 2.0), source_ratio >= 3.0.
     """
     from reader.listing import UnknownTopic
     from reader.spark.export import KAFKA_COLUMNS
+    from reader.spark.jvm_source import jvm_enabled, load
     from reader.spark.options import parse_options, store_options
     from reader.spark.planning import plan_reader, plan_slices
     from reader.spark.registry_avro import decode_registry_avro
     from reader.spark.session import export_session
     from reader.spark.slices import read_slices, slice_reader
     from reader.spark.source import plan, shared_store
-    from tiering.bench.source_floor import NAME as FLOOR
-    from tiering.bench.source_floor import FloorSource, write_floor
     from tiering_core.formats.native import DECODER
 
     with bench_stack(stack_dir) as endpoints, tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
@@ -185,22 +183,16 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
         with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
             decoded = sum(b.num_rows for b in read_slices(reader, slices))
         decode_seconds = time.perf_counter() - started
-        floor_paths, floor_rows = [], 0  # the same rows decoded ahead, a file per Kafka partition (ours: a task each)
-        for p in sorted({s.partition for s in slices}):
-            floor_paths.append(str(Path(tmp) / f"floor-{p}.arrow"))
-            with slice_reader(shared_store(opts), partitions, opts.window_bytes) as reader:
-                floor_rows += write_floor(Path(floor_paths[-1]), read_slices(
-                    reader, [s for s in slices if s.partition == p], max_rows=opts.max_rows_per_batch))  # fmt: skip
 
         spark = export_session("local[2]", spark_jars(), app_name="tiering bench export")
-        spark.dataSource.register(FloorSource)
+        ending_option = {"endingOffsets": json.dumps(ending)}
+        reader_jvm = jvm_enabled(spark)
         loaders = {
             "spark-kafka": lambda: spark.read.format("kafka").option("kafka.bootstrap.servers", endpoints.bootstrap)
             .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
             .option("endingOffsets", json.dumps(ending)).load(),
-            "ours": lambda: spark.read.format("kafka_tiered").options(**options)
-            .option("endingOffsets", json.dumps(ending)).load(),
-            FLOOR_SIDE: lambda: spark.read.format(FLOOR).option("paths", ",".join(floor_paths)).load(),
+            "ours": lambda: load(spark, {**options, **ending_option}),
+            PYTHON_SIDE: lambda: spark.read.format("kafka_tiered").options(**options, **ending_option).load(),
         }  # fmt: skip
         sides = loaders
         if avro:
@@ -208,11 +200,11 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
             sides = {
                 "spark-kafka": lambda: _from_avro(loaders["spark-kafka"]()),
                 **{side: lambda side=side: decode_registry_avro(loaders[side](), "value", f"{topic}-value", schemas,
-                                                                set(KAFKA_COLUMNS)) for side in ("ours", FLOOR_SIDE)},
+                                                                set(KAFKA_COLUMNS)) for side in ("ours", PYTHON_SIDE)},
             }  # fmt: skip
         for make in sides.values():  # warm-up: JVM, Python workers, connections
             make().where("offset < 1000").write.mode("overwrite").parquet(f"{tmp}/warm")
-        timings: dict[str, list[float]] = {side: [] for side in sides if side != FLOOR_SIDE}
+        timings: dict[str, list[float]] = {side: [] for side in sides if side != PYTHON_SIDE}
         source_only: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):  # interleaved, so load on the machine and JIT warm-up hit both sides alike
             for side in timings:
@@ -238,25 +230,25 @@ def export(click_ctx: click.Context, size_mb: int, codec: str, segment_mb: int, 
                              "source_all_seconds": [round(t, 2) for t in source_only[side]],
                              "source_rows_per_s": round(rows / alone)}  # fmt: skip
             click.echo(json.dumps(results[side]))
-        alone = min(source_only[FLOOR_SIDE])
-        results[FLOOR_SIDE] = {"side": FLOOR_SIDE, "rows": floor_rows, "source_seconds": round(alone, 2),
-                               "source_all_seconds": [round(t, 2) for t in source_only[FLOOR_SIDE]],
-                               "source_rows_per_s": round(floor_rows / alone)}  # fmt: skip
-        click.echo(json.dumps(results[FLOOR_SIDE]))
+        alone, rows = min(source_only[PYTHON_SIDE]), results["ours"]["rows"]  # the same plan: the same rows (tests)
+        results[PYTHON_SIDE] = {"side": PYTHON_SIDE, "rows": rows, "source_seconds": round(alone, 2),
+                                "source_all_seconds": [round(t, 2) for t in source_only[PYTHON_SIDE]],
+                                "source_rows_per_s": round(rows / alone)}  # fmt: skip
+        click.echo(json.dumps(results[PYTHON_SIDE]))
         spark.stop()
-        ours, theirs, floor = results["ours"], results["spark-kafka"], results[FLOOR_SIDE]
-        if not ours["rows"] == theirs["rows"] == floor["rows"]:
+        ours, theirs, python = results["ours"], results["spark-kafka"], results[PYTHON_SIDE]
+        if not ours["rows"] == theirs["rows"]:
             raise click.ClickException(
-                f"the sides exported different row counts: ours {ours['rows']}, Spark's Kafka source "
-                f"{theirs['rows']}, the Python source floor {floor['rows']}"
+                f"the sides exported different row counts: ours {ours['rows']}, Spark's Kafka source {theirs['rows']}"
             )
         click.echo(json.dumps({
             "ratio": round(ours["rows_per_s"] / theirs["rows_per_s"], 3), "decoder": DECODER,
+            "reader": "jvm" if reader_jvm else "python",
             "source_ratio": round(ours["source_rows_per_s"] / theirs["source_rows_per_s"], 3),
             "ours_source_rows_per_s": ours["source_rows_per_s"],
             "spark_kafka_source_rows_per_s": theirs["source_rows_per_s"],
-            "python_source_floor_rows_per_s": floor["source_rows_per_s"],
-            "source_ratio_ceiling": round(floor["source_rows_per_s"] / theirs["source_rows_per_s"], 3),
+            "python_source_rows_per_s": python["source_rows_per_s"],
+            "python_source_ratio": round(python["source_rows_per_s"] / theirs["source_rows_per_s"], 3),
             "ours_rows_per_s": ours["rows_per_s"], "ours_mb_s": ours["mb_s"], "ours_record_mb_s": ours["record_mb_s"],
             "spark_kafka_rows_per_s": theirs["rows_per_s"], "spark_kafka_mb_s": theirs["mb_s"],
             "spark_kafka_record_mb_s": theirs["record_mb_s"],

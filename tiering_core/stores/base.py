@@ -111,6 +111,11 @@ class RemoteStore(Protocol):
 
     def get_bytes(self, key: str) -> bytes: ...
 
+    def read_url(self, key: str, seconds: int) -> str:
+        """A URL that serves ranged GETs of ``key`` for ``seconds`` with no credentials of its own (an S3
+        presigned URL; a ``file:`` URL for the filesystem store): how a reader in another process or language
+        (the Spark source's JVM tasks) reads an object the driver chose, without this store's client."""
+
     def head(self, key: str) -> int | None:
         """The object's size, or None if it does not exist."""
 

@@ -88,6 +88,9 @@ class FileSystemStore:
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return self.get_range(key, start, end)
 
+    def read_url(self, key: str, seconds: int) -> str:
+        return self._path(key).as_uri()  # no expiry: the reader has the files' permissions or it has not
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         try:
             with self._path(key).open("rb") as f:

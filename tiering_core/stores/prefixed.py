@@ -57,6 +57,9 @@ class PrefixedStore:
     def get_bytes(self, key: str) -> bytes:
         return self.inner.get_bytes(self._head + key)
 
+    def read_url(self, key: str, seconds: int) -> str:
+        return self.inner.read_url(self._head + key, seconds)
+
     def head(self, key: str) -> int | None:
         return self.inner.head(self._head + key)
 

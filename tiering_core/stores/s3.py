@@ -196,6 +196,9 @@ class S3Store:
         boto3's CPU per GET and per byte; the caller retries (StoreUnavailable when the store did not answer)."""
         return self._ranges.get_range(key, start, end)
 
+    def read_url(self, key: str, seconds: int) -> str:
+        return self._ranges.sign(key, seconds)
+
     @cached_property
     def _ranges(self) -> PresignedRanges:
         return PresignedRanges(self.client, self.bucket, self.endpoint)

@@ -103,19 +103,24 @@ class PresignedRanges:
             if found is not None and not fresh and found[0] > now:
                 self._urls.move_to_end(key)
                 return found[1:]
-        try:
-            url = self.client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.presign_seconds
-            )
-        except Exception as exc:  # credentials that cannot sign: the store's error, naming the key
-            raise RemoteStoreError(f"signing a GET of s3://{self.bucket}/{key}: {exc}") from exc
-        parts = urlsplit(url)
+        parts = urlsplit(self.sign(key, self.presign_seconds))
         entry = (now + self.presign_seconds / 2, parts.scheme, parts.netloc, f"{parts.path}?{parts.query}")
         with self._lock:
             self._urls[key] = entry
             while len(self._urls) > _URLS:
                 self._urls.popitem(last=False)
         return entry[1:]
+
+    def sign(self, key: str, seconds: int) -> str:
+        """A GET of ``key`` presigned for ``seconds``; RemoteStoreError naming the key if the credentials cannot
+        sign."""
+        try:
+            url: str = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=seconds
+            )
+        except Exception as exc:  # credentials that cannot sign: the store's error, naming the key
+            raise RemoteStoreError(f"signing a GET of s3://{self.bucket}/{key}: {exc}") from exc
+        return url
 
     @cached_property
     def ssl(self) -> ssl.SSLContext:
