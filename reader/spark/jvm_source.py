@@ -5,9 +5,9 @@ which turns it into rows, and no Python source can skip that (a source that only
 holds measured 2.40-2.85x Spark's Kafka source, docs/spark-export.md). So the same plan, made by the same code
 (``reader.spark.source.plan``, ``plan_slices``, ``pack_slices``: the copies, the batch-aligned byte ranges, the
 aborted transactions), is given as JSON to a DataSource V2 in the JVM (``reader/spark/jvm/``), whose tasks read
-each slice's bytes with one streamed ranged GET through a URL the store signed (``RemoteStore.read_url``: no
-credentials reach the executors), check every batch as ``reader.spark.slices.decode_slice`` does and fill
-Spark's column vectors directly.
+each slice's bytes as ranged GETs of 4 MiB windows, three ahead, through a URL the store signed
+(``RemoteStore.read_url``: no credentials reach the executors), check every batch as
+``reader.spark.slices.decode_slice`` does and fill Spark's column vectors directly.
 
 ``load`` picks it when the session has the reader's jar (``reader.spark.session.export_session`` adds it) and
 the read needs nothing only the Python source does (``includeLocalTail``: the broker's part is read with a
@@ -30,7 +30,9 @@ from tiering_core.stores.base import RemoteStore
 FORMAT = "kafka_tiered_slices"
 ENABLED_CONF = "spark.kafka_tiered.jvmReader"  # set by export_session when the jar is on the class path
 URL_SECONDS = 6 * 3600  # how long a task may start after planning (S3 allows up to 7 days)
-RETRIES = 5  # a broken GET is asked again from its first unread byte this many times
+RETRIES = 5  # a window whose GET broke is asked again this many times
+WINDOW_BYTES = 4 << 20  # a task reads a slice as ranged GETs of this many bytes ...
+WINDOWS_AHEAD = 3  # ... this many in flight while it decodes one: at most 16 MiB of windows per task
 
 
 def plan_packs(opts: ReadOptions, store: RemoteStore) -> list[SlicePack]:
@@ -55,6 +57,7 @@ def plan_json(packs: list[SlicePack], store: RemoteStore, *, max_rows: int, max_
     return json.dumps({
         "packs": [_pack(p, url) for p in packs],
         "max_rows_per_batch": max_rows, "max_batch_bytes": max_bytes, "retries": RETRIES,
+        "window_bytes": WINDOW_BYTES, "windows_ahead": WINDOWS_AHEAD,
     })  # fmt: skip
 
 

@@ -1,140 +1,213 @@
 package io.github.kafkatiering.spark;
 
-import java.io.BufferedInputStream;
 import java.io.Closeable;
-import java.io.EOFException;
 import java.io.IOException;
-import java.io.InputStream;
+import java.io.UncheckedIOException;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
-import java.nio.channels.Channels;
+import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.time.Duration;
+import java.util.ArrayDeque;
+import java.util.Arrays;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ExecutionException;
 
 /**
- * Bytes {@code [start, end)} of one object, read in order as one streamed ranged GET of a URL the driver's store
- * gave (an S3 presigned URL, or a {@code file:} URL of the filesystem store). The HTTP client reads the socket on
- * its own thread into a bounded queue, so the next bytes arrive while the task decodes. A GET that breaks or that
- * the store answers with a 5xx is asked again from the first byte not yet read (the object never changes), up to
- * {@code retries} times in a row without a byte between them, with a doubling pause; a missing object or a refused
- * URL fails at once, naming the key.
+ * Bytes {@code [start, end)} of one object, read in order through a URL the driver's store gave (an S3 presigned
+ * URL, or a {@code file:} URL of the filesystem store), as windows of {@code window} bytes: one ranged GET each,
+ * {@code ahead} of them in flight while the task decodes the one it holds (the read core's read-ahead, bounded:
+ * at most {@code ahead + 1} windows in memory). Every answer's object size is checked against the manifest's.
+ * A window whose GET breaks or that the store answers with a 5xx is asked again, up to {@code retries} times with
+ * a doubling pause; a missing object, a refused URL or a size that is not the manifest's fails at once, naming
+ * the key.
  */
 final class RangeStream implements Closeable {
     private static final HttpClient HTTP = HttpClient.newBuilder()
             .version(HttpClient.Version.HTTP_1_1)
             .connectTimeout(Duration.ofSeconds(10))
             .build();
-    private static final int BUFFER = 256 << 10;
 
     private final String url;
     private final String key;
     private final long size;
     private final long end;
+    private final int window;
+    private final int ahead;
     private final int retries;
-    private long position;
-    private InputStream in;
+    private final ArrayDeque<Window> pending = new ArrayDeque<>();
+    private long requested; // where the next window to ask for starts
+    private byte[] current = new byte[0];
+    private long currentStart;
+    private int used; // bytes of ``current`` taken
+    private byte[] scratch = new byte[0]; // a take that spans two windows is assembled here
 
-    RangeStream(String url, String key, long size, long start, long end, int retries) {
+    private record Window(long start, int length, CompletableFuture<byte[]> body) {}
+
+    RangeStream(String url, String key, long size, long start, long end, int window, int ahead, int retries) {
         this.url = url;
         this.key = key;
         this.size = size;
-        this.position = start;
         this.end = end;
+        this.window = window;
+        this.ahead = ahead;
         this.retries = retries;
+        this.requested = start;
+        this.currentStart = start;
+        fill();
     }
 
+    /** The next byte not yet taken. */
     long position() {
-        return position;
+        return currentStart + used;
     }
 
-    /** Exactly {@code length} bytes into {@code buffer} at {@code offset}; EOFException past the range's end. */
-    void readFully(byte[] buffer, int offset, int length) throws IOException {
-        if (position + length > end) {
-            throw new EOFException(key + ": a read of " + length + " bytes at " + position + " passes the slice's end "
-                    + end);
+    /**
+     * The next {@code length} bytes, as a buffer valid until the next call (a view of the window that holds them,
+     * or a copy when they span two). The caller checks {@code length} against the range's end.
+     */
+    ByteBuffer take(int length) throws IOException {
+        if (current.length - used >= length) {
+            ByteBuffer view = ByteBuffer.wrap(current, used, length).slice();
+            used += length;
+            return view;
         }
-        int failures = 0;
-        while (length > 0) {
+        if (scratch.length < length) {
+            scratch = new byte[Math.max(length, 2 * scratch.length)];
+        }
+        int filled = 0;
+        while (filled < length) {
+            if (used == current.length) {
+                advance();
+            }
+            int n = Math.min(length - filled, current.length - used);
+            System.arraycopy(current, used, scratch, filled, n);
+            used += n;
+            filled += n;
+        }
+        return ByteBuffer.wrap(scratch, 0, length).slice();
+    }
+
+    private void advance() throws IOException {
+        Window next = pending.poll();
+        if (next == null) {
+            throw new IOException("remote object " + key + ": a read past the slice's end at byte " + end);
+        }
+        currentStart += current.length;
+        current = await(next);
+        used = 0;
+        fill();
+    }
+
+    private void fill() {
+        while (pending.size() < ahead && requested < end) {
+            int length = (int) Math.min(window, end - requested);
+            pending.add(new Window(requested, length, fetch(requested, length)));
+            requested += length;
+        }
+    }
+
+    /** The window's bytes; asked again after a failure that another attempt may not see. */
+    private byte[] await(Window w) throws IOException {
+        CompletableFuture<byte[]> body = w.body();
+        for (int failures = 0; ; failures++) {
             try {
-                if (in == null) {
-                    in = open();
+                return body.get();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IOException("interrupted reading " + key, e);
+            } catch (ExecutionException e) {
+                Throwable cause = e.getCause();
+                while ((cause instanceof CompletionException || cause instanceof UncheckedIOException)
+                        && cause.getCause() != null) {
+                    cause = cause.getCause();
                 }
-                int n = in.read(buffer, offset, length);
-                if (n < 0) {
-                    throw new EOFException("the store's answer ended at byte " + position + " of " + key);
+                if (cause instanceof StoreRefused refused) {
+                    throw refused;
                 }
-                position += n;
-                offset += n;
-                length -= n;
-                failures = 0; // progress: a GET cut again later starts a new count
-            } catch (StoreRefused e) {
-                throw e;
-            } catch (IOException e) {
-                closeQuietly();
-                if (++failures > retries) {
-                    throw new IOException(key + ": reading bytes " + position + "-" + (end - 1) + " failed "
-                            + failures + " times; last: " + e, e);
+                if (failures >= retries) {
+                    throw new IOException("remote object " + key + ": reading bytes " + w.start() + "-"
+                            + (w.start() + w.length() - 1) + " failed " + (failures + 1) + " times; last: " + cause,
+                            cause);
                 }
-                pause(failures);
+                pause(failures + 1);
+                body = fetch(w.start(), w.length());
             }
         }
     }
 
-    private InputStream open() throws IOException {
+    private CompletableFuture<byte[]> fetch(long from, int length) {
         if (url.startsWith("file:")) {
-            Path path = Path.of(URI.create(url));
             try {
-                FileChannel channel = FileChannel.open(path, StandardOpenOption.READ);
-                checkSize(channel.size(), channel);
-                channel.position(position);
-                return new BufferedInputStream(Channels.newInputStream(channel), BUFFER);
-            } catch (NoSuchFileException e) {
-                throw new StoreRefused("remote object missing: " + key + " (" + path + ")");
+                return CompletableFuture.completedFuture(readFile(from, length));
+            } catch (IOException e) {
+                return CompletableFuture.failedFuture(e);
             }
         }
         HttpRequest request = HttpRequest.newBuilder(URI.create(url))
-                .header("Range", "bytes=" + position + "-" + (end - 1))
+                .header("Range", "bytes=" + from + "-" + (from + length - 1))
                 .timeout(Duration.ofSeconds(60))
                 .GET()
                 .build();
-        HttpResponse<InputStream> response;
-        try {
-            response = HTTP.send(request, HttpResponse.BodyHandlers.ofInputStream());
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new IOException(key + ": interrupted", e);
-        }
+        return HTTP.sendAsync(request, HttpResponse.BodyHandlers.ofByteArray())
+                .thenApply(response -> answer(response, from, length));
+    }
+
+    private byte[] answer(HttpResponse<byte[]> response, long from, int length) {
         int status = response.statusCode();
-        InputStream body = response.body();
-        if (status == 206 || (status == 200 && position == 0)) {
-            String range = response.headers().firstValue("Content-Range").orElse("");
-            long total = range.contains("/") ? Long.parseLong(range.substring(range.indexOf('/') + 1).trim())
-                    : response.headers().firstValueAsLong("Content-Length").orElse(-1);
-            checkSize(total, body);
-            return new BufferedInputStream(body, BUFFER);
+        byte[] body = response.body();
+        try {
+            if (status == 206 || (status == 200 && from == 0)) {
+                String range = response.headers().firstValue("Content-Range").orElse("");
+                checkSize(range.contains("/") ? Long.parseLong(range.substring(range.indexOf('/') + 1).trim())
+                        : body.length);
+                if (body.length < length) {
+                    throw new IOException("remote object " + key + ": " + body.length + " bytes came for the "
+                            + length + " asked at byte " + from);
+                }
+                return body.length == length ? body : Arrays.copyOf(body, length);
+            }
+            String text = new String(body, 0, Math.min(body.length, 300), StandardCharsets.UTF_8);
+            if (status >= 500) {
+                throw new IOException("HTTP " + status + " from the store: " + text);
+            }
+            if (status == 404) {
+                throw new StoreRefused("remote object missing: " + key);
+            }
+            throw new StoreRefused("remote object " + key + ": the store refused a GET of bytes " + from + "-"
+                    + (from + length - 1) + " (HTTP " + status + "; the plan's signed URLs expire 6 hours after "
+                    + "it was made): " + text);
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
         }
-        String answer = new String(body.readNBytes(300), java.nio.charset.StandardCharsets.UTF_8);
-        body.close();
-        if (status >= 500) {
-            throw new IOException("HTTP " + status + " from the store: " + answer);
+    }
+
+    private byte[] readFile(long from, int length) throws IOException {
+        Path path = Path.of(URI.create(url));
+        try (FileChannel channel = FileChannel.open(path, StandardOpenOption.READ)) {
+            checkSize(channel.size());
+            ByteBuffer out = ByteBuffer.allocate(length);
+            while (out.hasRemaining()) {
+                if (channel.read(out, from + out.position()) < 0) {
+                    throw new IOException("remote object " + key + ": the file ended at byte " + out.position());
+                }
+            }
+            return out.array();
+        } catch (NoSuchFileException e) {
+            throw new StoreRefused("remote object missing: " + key + " (" + path + ")");
         }
-        if (status == 404) {
-            throw new StoreRefused("remote object missing: " + key);
-        }
-        throw new StoreRefused("remote object " + key + ": the store refused a GET of bytes " + position + "-"
-                + (end - 1) + " (HTTP " + status + "; the plan's signed URLs expire 6 hours after it was made): "
-                + answer);
     }
 
     /** The object's size is its manifest's, as the read core checks it: a longer or shorter object is not the copy. */
-    private void checkSize(long total, Closeable source) throws IOException {
+    private void checkSize(long total) throws StoreRefused {
         if (total != size) {
-            source.close();
             throw new StoreRefused("remote object " + key + " at byte " + Math.min(total, size) + ": object has "
                     + total + " bytes, the manifest says " + size);
         }
@@ -149,23 +222,15 @@ final class RangeStream implements Closeable {
         }
     }
 
-    private void closeQuietly() {
-        if (in != null) {
-            try {
-                in.close();
-            } catch (IOException ignored) {
-                // the stream is dropped either way
-            }
-            in = null;
-        }
-    }
-
     @Override
     public void close() {
-        closeQuietly();
+        for (Window w : pending) {
+            w.body().cancel(true);
+        }
+        pending.clear();
     }
 
-    /** An answer that asking again cannot change: a missing object, a URL refused or expired. */
+    /** An answer that asking again cannot change: a missing object, a URL refused or expired, a wrong size. */
     static final class StoreRefused extends IOException {
         private static final long serialVersionUID = 1L;
 

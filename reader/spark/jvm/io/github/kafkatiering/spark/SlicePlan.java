@@ -36,7 +36,12 @@ final class SlicePlan {
     /** One task: slices of one topic partition, read one after the other. */
     record Pack(String topic, int partition, List<Slice> slices) implements InputPartition, Serializable {}
 
-    record Plan(List<Pack> packs, int maxRowsPerBatch, long maxBatchBytes, int retries) implements Serializable {}
+    record Plan(List<Pack> packs, int maxRowsPerBatch, long maxBatchBytes, int windowBytes, int windowsAhead,
+            int retries) implements Serializable {
+        Plan withoutPacks() {
+            return new Plan(List.of(), maxRowsPerBatch, maxBatchBytes, windowBytes, windowsAhead, retries);
+        }
+    }
 
     static Plan parse(String json) {
         try {
@@ -61,7 +66,7 @@ final class SlicePlan {
                 packs.add(new Pack(p.get("topic").asText(), p.get("partition").asInt(), slices));
             }
             return new Plan(packs, root.get("max_rows_per_batch").asInt(), root.get("max_batch_bytes").asLong(),
-                    root.get("retries").asInt());
+                    root.get("window_bytes").asInt(), root.get("windows_ahead").asInt(), root.get("retries").asInt());
         } catch (IOException e) {
             throw new UncheckedIOException("kafka_tiered_slices: the option 'plan' is not the driver's JSON plan", e);
         }

@@ -1,18 +1,17 @@
 package io.github.kafkatiering.spark;
 
 import java.io.IOException;
+import java.io.InputStream;
 import java.nio.ByteBuffer;
+import java.nio.charset.CharacterCodingException;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.zip.CRC32C;
 import org.apache.kafka.common.KafkaException;
-import org.apache.kafka.common.header.Header;
-import org.apache.kafka.common.record.MemoryRecords;
-import org.apache.kafka.common.record.Record;
+import org.apache.kafka.common.compress.Compression;
+import org.apache.kafka.common.record.CompressionType;
 import org.apache.kafka.common.record.RecordBatch;
-import org.apache.kafka.common.record.TimestampType;
 import org.apache.kafka.common.utils.BufferSupplier;
-import org.apache.kafka.common.utils.CloseableIterator;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.execution.vectorized.ConstantColumnVector;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
@@ -27,26 +26,33 @@ import org.apache.spark.unsafe.types.UTF8String;
  * One task's read: the pack's slices in order, as columnar batches of Spark's Kafka source schema.
  *
  * <p>Every batch is checked as {@code reader.spark.slices.decode_slice} checks it (the same order, the same
- * faults): a v2 header of a sane length inside the slice, its CRC-32C (Kafka's {@code ensureValid}), offsets
- * after the batch before it and within the copy's manifest, records that parse; the slice must end on a batch
- * boundary at its planned end, and a slice that is its whole object has the object's CRC-32C checked against the
- * manifest's. A fault fails the task with a message naming the object's key and the batch's byte position.
- * Control batches and those of aborted transactions are dropped, and only offsets in the slice's range are kept.
- * Records are decoded by Kafka's own client library; memory is one Kafka batch plus one columnar batch.
+ * faults): a v2 header of a sane length inside the slice, its CRC-32C, offsets after the batch before it and
+ * within the copy's manifest, records that parse to exactly the batch's bytes and count; the slice must end on a
+ * batch boundary at its planned end, and a slice that is its whole object has the object's CRC-32C checked
+ * against the manifest's. A fault fails the task with a message naming the object's key and the batch's byte
+ * position. Control batches and those of aborted transactions are dropped, and only offsets in the slice's range
+ * are kept. Kafka's client library decompresses; the records are read here straight from the batch's bytes into
+ * the column vectors, with no object per record. Memory: the stream's windows, one decompressed batch and one
+ * columnar batch.
  */
 final class SlicesReader implements PartitionReader<ColumnarBatch> {
     static final StructType SCHEMA = StructType.fromDDL(
             "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
                     + "timestampType int, headers array<struct<key: string, value: binary>>");
     private static final int LOG_OVERHEAD = 12;
-    private static final int MIN_LENGTH = 49;
+    private static final int HEADER = 61; // a v2 batch's header, up to its records
+    private static final int MIN_LENGTH = HEADER - LOG_OVERHEAD;
+    private static final long MAX_TIMESTAMP_MS = Long.MAX_VALUE / 1000; // Spark's microseconds hold it
 
     private final SlicePlan.Pack pack;
     private final SlicePlan.Plan plan;
     private final OnHeapColumnVector[] columns;
     private final UTF8String topic;
     private final BufferSupplier buffers = BufferSupplier.create();
-    private byte[] batchBytes = new byte[1 << 20];
+    private final CRC32C batchCrc = new CRC32C();
+    private final byte[] headBytes = new byte[HEADER];
+    private final Compression[] codecs = new Compression[5];
+    private byte[] decompressed = new byte[1 << 20];
     private int next;
     private SliceState slice;
     private ColumnarBatch current;
@@ -71,7 +77,7 @@ final class SlicesReader implements PartitionReader<ColumnarBatch> {
                 if (next == pack.slices().size()) {
                     break;
                 }
-                slice = new SliceState(pack.slices().get(next++), plan.retries());
+                slice = new SliceState(pack.slices().get(next++), plan);
             }
             if (!readBatch()) {
                 slice.finish();
@@ -106,13 +112,13 @@ final class SlicesReader implements PartitionReader<ColumnarBatch> {
         if (pos == s.end()) {
             return false;
         }
-        if (s.end() - pos < LOG_OVERHEAD + MIN_LENGTH) {
+        if (s.end() - pos < HEADER) {
             throw corrupt(pos, (s.end() - pos) + " bytes before the slice's end, too few for a batch");
         }
-        in.readFully(batchBytes, 0, LOG_OVERHEAD + 5);
-        ByteBuffer head = ByteBuffer.wrap(batchBytes);
+        in.take(HEADER).get(headBytes); // copied: the next take may reuse the stream's buffer
+        ByteBuffer head = ByteBuffer.wrap(headBytes);
         int length = head.getInt(8);
-        byte magic = batchBytes[16];
+        byte magic = head.get(16);
         if (magic != RecordBatch.MAGIC_VALUE_V2) {
             throw corrupt(pos, magic == 0 || magic == 1
                     ? "legacy message format v" + magic + "; only record batches v2 are supported"
@@ -125,34 +131,54 @@ final class SlicesReader implements PartitionReader<ColumnarBatch> {
             throw corrupt(pos, "batch of " + (length + LOG_OVERHEAD) + " bytes extends past the slice's end at byte "
                     + s.end());
         }
-        int size = LOG_OVERHEAD + length;
-        if (size > batchBytes.length) {
-            batchBytes = Arrays.copyOf(batchBytes, Math.max(size, 2 * batchBytes.length));
-        }
-        in.readFully(batchBytes, LOG_OVERHEAD + 5, size - LOG_OVERHEAD - 5);
+        long base = head.getLong(0);
+        int attributes = head.getShort(21);
+        int lastDelta = head.getInt(23);
+        long baseTimestamp = head.getLong(27);
+        long maxTimestamp = head.getLong(35);
+        long producerId = head.getLong(43);
+        int count = head.getInt(57);
+        long stored = head.getInt(17) & 0xFFFFFFFFL;
+        batchCrc.reset();
+        batchCrc.update(head.duplicate().position(21));
         if (slice.crc != null) {
-            slice.crc.update(batchBytes, 0, size);
+            slice.crc.update(head.duplicate());
         }
-        long stored = ByteBuffer.wrap(batchBytes).getInt(17) & 0xFFFFFFFFL;
-        CRC32C crc = new CRC32C();
-        crc.update(batchBytes, 21, size - 21);
-        if (crc.getValue() != stored) {
-            throw corrupt(pos, "CRC-32C mismatch: stored " + stored + ", computed " + crc.getValue());
+        ByteBuffer records = in.take(length - MIN_LENGTH);
+        batchCrc.update(records.duplicate());
+        if (slice.crc != null) {
+            slice.crc.update(records.duplicate());
         }
-        RecordBatch batch = MemoryRecords.readableRecords(ByteBuffer.wrap(batchBytes, 0, size))
-                .batches().iterator().next();
-        long base = batch.baseOffset();
-        long last = batch.lastOffset();
+        if (batchCrc.getValue() != stored) {
+            throw corrupt(pos, "CRC-32C mismatch: stored " + stored + ", computed " + batchCrc.getValue());
+        }
+        if ((attributes & 7) > 4) {
+            throw corrupt(pos, "unknown compression codec id " + (attributes & 7));
+        }
+        if (count < 0 || lastDelta < 0) {
+            throw corrupt(pos, "negative recordsCount " + count + " or lastOffsetDelta " + lastDelta);
+        }
+        long last = base + lastDelta;
         if (base <= slice.previous || last > s.endOffset()) {
             throw corrupt(pos, "batch offsets " + base + "-" + last + " are not after " + slice.previous
                     + " and within the copy's " + s.baseOffset() + "-" + s.endOffset());
         }
         slice.previous = last;
-        boolean wanted = last >= s.firstOffset() && base <= s.lastOffset() && !batch.isControlBatch()
-                && !(batch.isTransactional() && slice.aborted.aborts(batch.producerId(), base));
+        boolean control = (attributes & 0x20) != 0;
+        boolean transactional = (attributes & 0x10) != 0;
+        boolean wanted = last >= s.firstOffset() && base <= s.lastOffset() && !control
+                && !(transactional && slice.aborted.aborts(producerId, base));
         if (wanted) {
+            boolean appendTime = (attributes & 0x08) != 0;
             try {
-                addRecords(batch, s);
+                if ((attributes & 7) == 0) {
+                    addRecords(records.array(), records.arrayOffset(), records.arrayOffset() + records.limit(),
+                            base, appendTime ? maxTimestamp : baseTimestamp, appendTime, count, s);
+                } else {
+                    int n = decompress(attributes & 7, records, pos);
+                    addRecords(decompressed, 0, n, base, appendTime ? maxTimestamp : baseTimestamp, appendTime,
+                            count, s);
+                }
             } catch (KafkaException | IndexOutOfBoundsException | IllegalArgumentException e) {
                 throw corrupt(pos, "malformed records: " + e.getMessage());
             }
@@ -160,59 +186,113 @@ final class SlicesReader implements PartitionReader<ColumnarBatch> {
         return true;
     }
 
-    private void addRecords(RecordBatch batch, SlicePlan.Slice s) {
-        int timestampType = batch.timestampType() == TimestampType.LOG_APPEND_TIME ? 1 : 0;
-        WritableColumnVector key = columns[0];
-        WritableColumnVector value = columns[1];
-        WritableColumnVector headers = columns[7];
-        try (CloseableIterator<Record> records = batch.streamingIterator(buffers)) {
-            while (records.hasNext()) {
-                Record r = records.next();
-                long offset = r.offset();
-                if (offset < s.firstOffset() || offset > s.lastOffset()) {
-                    continue;
+    /** The batch's records section decompressed into {@code decompressed}, by Kafka's client library; its length. */
+    private int decompress(int codec, ByteBuffer records, long pos) throws IOException {
+        if (codecs[codec] == null) {
+            codecs[codec] = Compression.of(CompressionType.forId(codec)).build();
+        }
+        int n = 0;
+        try (InputStream in = codecs[codec].wrapForInput(records, RecordBatch.MAGIC_VALUE_V2, buffers)) {
+            while (true) {
+                if (n == decompressed.length) {
+                    decompressed = Arrays.copyOf(decompressed, 2 * decompressed.length);
                 }
-                dataBytes += append(key, r.key()) + append(value, r.value());
-                columns[4].appendLong(offset);
-                columns[5].appendLong(r.timestamp() * 1000L);
-                columns[6].appendInt(timestampType);
-                Header[] hs = r.headers();
-                if (hs.length == 0) {
-                    headers.appendNull();
-                    continue;
+                int read = in.read(decompressed, n, decompressed.length - n);
+                if (read < 0) {
+                    return n;
                 }
-                headers.appendArray(hs.length);
-                WritableColumnVector entries = headers.arrayData();
-                for (Header h : hs) {
-                    entries.appendStruct(false);
-                    byte[] name = h.key().getBytes(StandardCharsets.UTF_8);
-                    entries.getChild(0).appendByteArray(name, 0, name.length);
-                    byte[] v = h.value();
-                    if (v == null) {
-                        entries.getChild(1).appendNull();
-                    } else {
-                        entries.getChild(1).appendByteArray(v, 0, v.length);
-                    }
-                    dataBytes += name.length + (v == null ? 0 : v.length);
-                }
+                n += read;
             }
+        } catch (IOException | KafkaException e) {
+            throw corrupt(pos, "cannot decompress the records: " + e.getMessage());
         }
     }
 
-    private static int append(WritableColumnVector column, ByteBuffer bytes) {
-        if (bytes == null) {
+    /** Appends the records in {@code a[from, to)} (a batch's uncompressed records section). */
+    private void addRecords(byte[] a, int from, int to, long base, long timestamp, boolean appendTime, int count,
+            SlicePlan.Slice s) {
+        Cursor c = new Cursor(a, from, to);
+        WritableColumnVector keys = columns[0];
+        WritableColumnVector values = columns[1];
+        WritableColumnVector offsets = columns[4];
+        WritableColumnVector timestamps = columns[5];
+        WritableColumnVector types = columns[6];
+        WritableColumnVector headers = columns[7];
+        for (int i = 0; i < count; i++) {
+            int length = c.varint();
+            int end = c.pos + length;
+            if (length < 6 || end > to) {
+                throw new IllegalArgumentException("record length " + length + " out of bounds");
+            }
+            c.pos++; // attributes (unused)
+            long ts = timestamp + (appendTime ? c.skipVarlong() : c.varlong());
+            long offset = base + c.varint();
+            int keyLength = c.varint();
+            int keyAt = c.bytes(keyLength, "key");
+            int valueLength = c.varint();
+            int valueAt = c.bytes(valueLength, "value");
+            int headerCount = c.varint();
+            if (headerCount < 0) {
+                throw new IllegalArgumentException("header count " + headerCount);
+            }
+            boolean kept = offset >= s.firstOffset() && offset <= s.lastOffset();
+            if (kept) {
+                if (ts > MAX_TIMESTAMP_MS || ts < -MAX_TIMESTAMP_MS) {
+                    throw new IllegalArgumentException("timestamp out of range");
+                }
+                append(keys, a, keyAt, keyLength);
+                append(values, a, valueAt, valueLength);
+                offsets.appendLong(offset);
+                timestamps.appendLong(ts * 1000L);
+                types.appendInt(appendTime ? 1 : 0);
+                dataBytes += Math.max(keyLength, 0) + Math.max(valueLength, 0);
+                if (headerCount == 0) {
+                    headers.appendNull();
+                } else {
+                    headers.appendArray(headerCount);
+                }
+            }
+            for (int h = 0; h < headerCount; h++) {
+                int nameLength = c.varint();
+                if (nameLength < 0) {
+                    throw new IllegalArgumentException("header key length " + nameLength);
+                }
+                int nameAt = c.bytes(nameLength, "header key");
+                checkUtf8(a, nameAt, nameLength);
+                int headerValueLength = Math.max(c.varint(), -1); // any negative length: null, as Kafka reads it
+                int headerValueAt = c.bytes(headerValueLength, "header value");
+                if (kept) {
+                    WritableColumnVector entries = headers.arrayData();
+                    entries.appendStruct(false);
+                    entries.getChild(0).appendByteArray(a, nameAt, nameLength);
+                    append(entries.getChild(1), a, headerValueAt, headerValueLength);
+                    dataBytes += nameLength + Math.max(headerValueLength, 0);
+                }
+            }
+            if (c.pos != end) {
+                throw new IllegalArgumentException("record declared " + length + " bytes but its fields span "
+                        + (c.pos - end + length));
+            }
+        }
+        if (c.pos != to) {
+            throw new IllegalArgumentException((to - c.pos) + " bytes remain after " + count + " records");
+        }
+    }
+
+    private static void append(WritableColumnVector column, byte[] a, int at, int length) {
+        if (length < 0) {
             column.appendNull();
-            return 0;
-        }
-        int n = bytes.remaining();
-        if (bytes.hasArray()) {
-            column.appendByteArray(bytes.array(), bytes.arrayOffset() + bytes.position(), n);
         } else {
-            byte[] copy = new byte[n];
-            bytes.duplicate().get(copy);
-            column.appendByteArray(copy, 0, n);
+            column.appendByteArray(a, at, length);
         }
-        return n;
+    }
+
+    private static void checkUtf8(byte[] a, int at, int length) {
+        try {
+            StandardCharsets.UTF_8.newDecoder().decode(ByteBuffer.wrap(a, at, length));
+        } catch (CharacterCodingException e) {
+            throw new IllegalArgumentException("a header key that is not UTF-8");
+        }
     }
 
     private IOException corrupt(long position, String reason) {
@@ -235,6 +315,59 @@ final class SlicesReader implements PartitionReader<ColumnarBatch> {
         buffers.close();
     }
 
+    /** Zigzag varints of Kafka's record format, read from {@code a} at {@code pos}, never past {@code end}. */
+    private static final class Cursor {
+        final byte[] a;
+        final int end;
+        int pos;
+
+        Cursor(byte[] a, int pos, int end) {
+            this.a = a;
+            this.pos = pos;
+            this.end = end;
+        }
+
+        int varint() {
+            long v = varlong();
+            if (v != (int) v) {
+                throw new IllegalArgumentException("varint " + v + " out of the int range");
+            }
+            return (int) v;
+        }
+
+        long varlong() {
+            long raw = 0;
+            for (int shift = 0; shift < 70; shift += 7) {
+                if (pos >= end) {
+                    throw new IllegalArgumentException("a varint runs past the records' end");
+                }
+                byte b = a[pos++];
+                raw |= (long) (b & 0x7F) << shift;
+                if (b >= 0) {
+                    return (raw >>> 1) ^ -(raw & 1);
+                }
+            }
+            throw new IllegalArgumentException("a varint longer than 10 bytes");
+        }
+
+        long skipVarlong() {
+            varlong();
+            return 0;
+        }
+
+        /** Skips a field of {@code length} bytes (-1: null); where it starts. */
+        int bytes(int length, String what) {
+            int at = pos;
+            if (length < -1 || (length > 0 && length > end - pos)) {
+                throw new IllegalArgumentException(what + " length " + length);
+            }
+            if (length > 0) {
+                pos += length;
+            }
+            return at;
+        }
+    }
+
     /** The slice being read: its stream, the offset of the last batch read, the object's running CRC-32C. */
     private final class SliceState {
         final SlicePlan.Slice slice;
@@ -243,9 +376,10 @@ final class SlicesReader implements PartitionReader<ColumnarBatch> {
         final CRC32C crc;
         long previous;
 
-        SliceState(SlicePlan.Slice slice, int retries) {
+        SliceState(SlicePlan.Slice slice, SlicePlan.Plan plan) {
             this.slice = slice;
-            this.in = new RangeStream(slice.url(), slice.key(), slice.objectSize(), slice.start(), slice.end(), retries);
+            this.in = new RangeStream(slice.url(), slice.key(), slice.objectSize(), slice.start(), slice.end(),
+                    plan.windowBytes(), plan.windowsAhead(), plan.retries());
             this.aborted = new AbortedRanges(slice.aborted());
             this.crc = slice.objectCrc32c() == null ? null : new CRC32C();
             this.previous = slice.baseOffset() - 1;

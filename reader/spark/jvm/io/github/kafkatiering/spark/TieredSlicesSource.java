@@ -86,13 +86,12 @@ public final class TieredSlicesSource implements TableProvider, DataSourceRegist
 
         @Override
         public PartitionReaderFactory createReaderFactory() {
-            return new ReaderFactory(plan.maxRowsPerBatch(), plan.maxBatchBytes(), plan.retries());
+            return new ReaderFactory(plan.withoutPacks());
         }
     }
 
-    /** Sent to the executors: the limits only (each task's slices travel in its input partition). */
-    private record ReaderFactory(int maxRowsPerBatch, long maxBatchBytes, int retries)
-            implements PartitionReaderFactory {
+    /** Sent to the executors: the plan's limits only (each task's slices travel in its input partition). */
+    private record ReaderFactory(SlicePlan.Plan limits) implements PartitionReaderFactory {
         @Override
         public boolean supportColumnarReads(InputPartition partition) {
             return true;
@@ -105,7 +104,6 @@ public final class TieredSlicesSource implements TableProvider, DataSourceRegist
 
         @Override
         public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
-            SlicePlan.Plan limits = new SlicePlan.Plan(java.util.List.of(), maxRowsPerBatch, maxBatchBytes, retries);
             return new SlicesReader((SlicePlan.Pack) partition, limits);
         }
     }
