@@ -29,13 +29,16 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from deploy.spark_jars import spark_jars
 from deploy.stack import Endpoints
 from metadata.records import SegmentRecord
 from reader import NotInRemote, PartitionStream, RemoteReader, load_reader_settings
 from reader.cursor import CursorCache
-from reader.listing import ListingCatalog, list_remote_partitions
+from reader.listing import ListingCatalog, RemotePartition, list_remote_partitions
+from reader.spark.jvm_source import jvm_enabled, plan_json, read_plan
 from reader.spark.planning import PartitionRange, plan_reader, plan_slices
-from reader.spark.slices import read_slices, slice_reader
+from reader.spark.session import export_session
+from reader.spark.slices import SegmentSlice, pack_slices, read_slices, slice_reader
 from segment_fsm import SegmentState
 from tests.conftest import create_topic
 from tests.kafka_consumer_model import consumer_kept
@@ -48,6 +51,7 @@ from tiering_core.formats import list_segments, parse_txn_index
 from tiering_core.formats.batch import scan_headers
 from tiering_core.formats.layout import SegmentFiles
 from tiering_core.objects import SegmentRef
+from tiering_core.stores.base import RemoteStore
 from tiering_core.stores.factory import open_store
 
 pytestmark = pytest.mark.integration
@@ -259,19 +263,26 @@ def _via_cursors(reader: RemoteReader, topic: str, topic_id: str, read_committed
         cursors.close()
 
 
-def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int, overlap: uuid.UUID) -> dict[int, Record]:
-    """The Spark source's path (committed records only): the listing's copies, planned into slices of 24 KiB (each
-    64 KiB copy split into several, so slices begin and end inside objects), each read as an executor reads it:
-    the read core's windows cut at the slice's end."""
+def _spark_plan(config: Path, topic: str, topic_id: str, ry: int, overlap: uuid.UUID
+                ) -> tuple[RemoteStore, RemotePartition, list[SegmentSlice]]:  # fmt: skip
+    """The Spark source's plan (committed records only): the listing's copies, planned into slices of 24 KiB (each
+    64 KiB copy split into several, so slices begin and end inside objects)."""
     store = open_store(load_reader_settings(config).remote_storage)
     [rp] = list_remote_partitions(store, [topic])
     assert rp.topic_id == topic_id
     assert any(c.manifest.segment_id == overlap for c in rp.copies), "the walk skips the later leader's copy"
     rng = PartitionRange(topic, topic_id, 0, rp.start, ry, rp.start, ry + 1)
-    out: dict[int, Record] = {}
     with plan_reader(store, [rp]) as planner:
         slices = plan_slices(planner, [rp], [rng], 24 * 1024)
     assert sum(s.start > 0 or s.end < s.copy.manifest.log_size for s in slices) > len(rp.copies), "too few splits"
+    return store, rp, slices
+
+
+def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int, overlap: uuid.UUID) -> dict[int, Record]:
+    """The Python Spark source's path: each slice read as an executor reads it, the read core's windows cut at the
+    slice's end."""
+    store, rp, slices = _spark_plan(config, topic, topic_id, ry, overlap)
+    out: dict[int, Record] = {}
     with slice_reader(store, [rp], 64 * 1024) as reader:
         for batch in read_slices(reader, slices):
             for row in batch.to_pylist():
@@ -279,6 +290,14 @@ def _via_spark_slices(config: Path, topic: str, topic_id: str, ry: int, overlap:
                 headers = [(h["key"], h["value"]) for h in row["headers"] or []]  # null without headers
                 out[row["offset"]] = (row["key"], row["value"], headers)
     return out
+
+
+def _missing_extra_wrong(name: str, want: dict[int, Record], got: dict[int, Record]) -> None:
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    assert not missing and not extra, f"{name}: missing offsets {missing[:10]}, extra offsets {extra[:10]}"
+    wrong = [o for o in want if got[o] != want[o]]
+    assert not wrong, f"{name}: offsets {wrong[:10]} differ from what the broker served"
 
 
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
@@ -305,8 +324,29 @@ def test_every_remote_reader_serves_what_kafkas_consumer_read(written: dict[str,
     if committed:
         readers["slices (Spark source)"] = _via_spark_slices(written["config"], topic, topic_id, ry, written["overlap"])
     for name, got in readers.items():
-        missing = sorted(set(want) - set(got))
-        extra = sorted(set(got) - set(want))
-        assert not missing and not extra, f"{name}: missing offsets {missing[:10]}, extra offsets {extra[:10]}"
-        wrong = [o for o in want if got[o] != want[o]]
-        assert not wrong, f"{name}: offsets {wrong[:10]} differ from what the broker served"
+        _missing_extra_wrong(name, want, got)
+
+
+@pytest.mark.slow
+def test_the_jvm_spark_reader_serves_what_kafkas_consumer_read(written: dict[str, Any]) -> None:
+    """The export's JVM reader (``kafka_tiered_slices``) on the same plan as the Python source's: 24 KiB slices
+    packed into tasks of several, across the overlapping copies, the hole and the transactions that span copies.
+    Slow: it starts Spark."""
+    topic, ry, hole = written["topic"], written["ry"], written["hole"]
+    want = {o: r for o, r in _remote_part(written["reference"]["read_committed"], ry).items() if o not in hole}
+    store, _, slices = _spark_plan(written["config"], topic, written["topic_id"], ry, written["overlap"])
+    packs = pack_slices(slices, 64 * 1024)
+    assert len(packs) > 1 and any(len(p.slices) > 1 for p in packs), "too few tasks or slices per task"
+    spark = export_session("local[2]", spark_jars(), app_name="differential jvm reader")
+    try:
+        assert jvm_enabled(spark)
+        rows = read_plan(spark, plan_json(packs, store, max_rows=500, max_bytes=1 << 20)).collect()
+    finally:
+        spark.stop()
+    got: dict[int, Record] = {}
+    for row in rows:
+        assert row.offset not in got, f"offset {row.offset} read twice"
+        headers = [(h.key, None if h.value is None else bytes(h.value)) for h in row.headers or []]
+        got[row.offset] = (bytes(row.key) if row.key is not None else None,
+                           bytes(row.value) if row.value is not None else None, headers)  # fmt: skip
+    _missing_extra_wrong("the JVM reader", want, got)
