@@ -68,7 +68,8 @@ final class SlicePlan {
             return new Plan(packs, root.get("max_rows_per_batch").asInt(), root.get("max_batch_bytes").asLong(),
                     root.get("window_bytes").asInt(), root.get("windows_ahead").asInt(), root.get("retries").asInt());
         } catch (IOException e) {
-            throw new UncheckedIOException("kafka_tiered_slices: the option 'plan' is not the driver's JSON plan", e);
+            throw new UncheckedIOException("kafka_tiered_slices: the option '" + TieredSlicesSource.PLAN_OPTION
+                    + "' is not the driver's JSON plan", e);
         }
     }
 }

@@ -20,12 +20,19 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
  * {@code format("kafka_tiered_slices")}: the JVM reader of a plan the Python driver made
- * ({@code reader.spark.jvm_source.load}), given whole as the JSON option {@code plan}. A DataSource V2 with
+ * ({@code reader.spark.jvm_source.load}), given whole as the JSON option {@code planWithSignedUrls}. A DataSource V2 with
  * columnar reads: each task reads its slices' bytes from the store and hands Spark column vectors, with no Python
  * worker and no Arrow hand-over between processes (the path a Python data source cannot leave). Users do not
  * name this format: {@code tiering export} and {@code reader.spark.jvm_source.load} plan and load it.
  */
 public final class TieredSlicesSource implements TableProvider, DataSourceRegister {
+    /**
+     * The option holding the plan. Its signed URLs let anyone read those objects for hours: Spark does not print a
+     * V2 read's options in its plans, and should anything print them, the name matches Spark's
+     * {@code spark.sql.redaction.options.regex} (default {@code (?i)url}), which redacts it.
+     */
+    static final String PLAN_OPTION = "planWithSignedUrls";
+
     @Override
     public String shortName() {
         return "kafka_tiered_slices";
@@ -38,9 +45,10 @@ public final class TieredSlicesSource implements TableProvider, DataSourceRegist
 
     @Override
     public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
-        String json = properties.get("plan");
+        String json = properties.get(PLAN_OPTION);
         if (json == null) {
-            throw new IllegalArgumentException("kafka_tiered_slices: the option 'plan' is required (the driver's plan)");
+            throw new IllegalArgumentException("kafka_tiered_slices: the option '" + PLAN_OPTION
+                    + "' is required (the driver's plan)");
         }
         return new SlicesTable(SlicePlan.parse(json));
     }
