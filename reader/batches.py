@@ -9,10 +9,15 @@ when a read covers the whole object).
 
 from __future__ import annotations
 
+import crc32c
+
 from reader.errors import RemoteDataCorrupt
 from tiering_core.errors import FormatError
 from tiering_core.formats import BatchHeader, scan_headers
 from tiering_core.formats.batch import LOG_OVERHEAD, MIN_LENGTH
+from tiering_core.formats.native import NATIVE
+
+_native = NATIVE  # the compiled module, or None (tests set it to None to run the reference)
 
 
 def complete_prefix(key: str, buf: bytes | memoryview, base_position: int) -> int:
@@ -65,3 +70,35 @@ def check_offsets(key: str, headers: list[BatchHeader], base_position: int, firs
                 f"batch offsets {h.base_offset}..{h.last_offset} out of order or outside the copy's {first}..{last}",
             )  # fmt: skip
         after = h.last_offset
+
+
+def verify_crcs(key: str, data: bytes | memoryview, headers: list[BatchHeader], base_position: int) -> None:
+    """Check every batch's CRC-32C; RemoteDataCorrupt naming the key and the batch's position in the object.
+    Over a memoryview: a slice of ``bytes`` would copy every batch first (0.18 against 0.11 s of CPU per GB
+    measured over 16 KiB batches)."""
+    view = memoryview(data)
+    for h in headers:
+        pos = h.position
+        actual = crc32c.crc32c(view[pos + 21 : pos + h.size])
+        if actual != h.crc:
+            raise RemoteDataCorrupt(key, base_position + pos, f"CRC-32C mismatch: stored {h.crc}, computed {actual}")
+
+
+def checked_window(key: str, data: bytes | memoryview, base_position: int, first: int, last: int,
+                   after: int) -> list[BatchHeader]:  # fmt: skip
+    """The headers of a downloaded window that must be whole batches: its length fields walked
+    (``complete_prefix``), every header checked, offsets inside ``[first, last]`` and growing from above ``after``
+    (``check_offsets``), every batch's CRC-32C (``verify_crcs``), in that order; RemoteDataCorrupt naming the key
+    and the position in the object for the first fault. The compiled module does it in one call with the GIL
+    released (``native/src/window.rs``), the same checks with the same faults; this is the reference."""
+    if _native is not None:
+        try:
+            return _native.checked_window(data, first, last, after, BatchHeader)  # type: ignore[no-any-return]
+        except _native.DecodeError as exc:
+            raise RemoteDataCorrupt(key, base_position + exc.args[1], exc.args[2]) from exc
+    whole = complete_prefix(key, data, base_position)
+    if whole != len(data):
+        raise RemoteDataCorrupt(key, base_position + whole, "a window of the object ends inside a batch")
+    headers = checked_headers(key, data, base_position, first, last, after)
+    verify_crcs(key, data, headers, base_position)
+    return headers

@@ -32,10 +32,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reader.batches import check_offsets, complete_prefix, scanned_headers
-from reader.errors import MemoryBusy, RemoteDataCorrupt, WouldBlock
+from reader.batches import checked_window
+from reader.errors import MemoryBusy, WouldBlock
 from reader.readahead import ReadAhead, Window
-from reader.remote import RemoteReader, verify_crcs
+from reader.remote import RemoteReader
 from reader.segments import SegmentCopy
 from reader.txn import TxnView
 from tiering_core.formats import AbortedTxn, BatchHeader
@@ -215,14 +215,7 @@ class BatchCursor:
 def _checked_batches(copy: SegmentCopy, data: bytes, start: int) -> tuple[list[BatchHeader], int]:
     """A window's batches (on the thread that downloaded it): whole, offsets inside the copy and growing, each
     batch's CRC-32C checked. Its headers are all it keeps beside the bytes."""
-    key = copy.log_key
-    whole = complete_prefix(key, data, start)
-    if whole != len(data):
-        raise RemoteDataCorrupt(key, start + whole, "a window of the object ends inside a batch")
-    headers = scanned_headers(key, data, start)
-    check_offsets(key, headers, start, copy.base_offset, copy.end_offset, -1)
-    verify_crcs(key, data, headers, start)
-    return headers, 0
+    return checked_window(copy.log_key, data, start, copy.base_offset, copy.end_offset, -1), 0
 
 
 class CursorCache:

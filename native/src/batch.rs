@@ -62,7 +62,7 @@ fn be<const N: usize>(buf: &[u8], pos: usize) -> [u8; N] {
     buf[pos..pos + N].try_into().unwrap()
 }
 
-fn unpack(buf: &[u8], pos: usize) -> Header {
+pub fn unpack(buf: &[u8], pos: usize) -> Header {
     Header {
         base_offset: i64::from_be_bytes(be(buf, pos)),
         length: i32::from_be_bytes(be(buf, pos + 8)),

@@ -34,6 +34,7 @@ mod lane_io;
 mod lz4;
 mod protobuf;
 mod record;
+mod window;
 mod remote_lane;
 
 use batch::{Kind, LOG_OVERHEAD};
@@ -150,16 +151,39 @@ fn filled_bytes<'py>(
 
 /// A Python int from an i128 (the small-int path when it fits an i64).
 #[inline(always)]
-fn int(py: Python<'_>, value: i128) -> PyResult<*mut ffi::PyObject> {
+pub(crate) fn int(py: Python<'_>, value: i128) -> PyResult<*mut ffi::PyObject> {
     Ok(match i64::try_from(value) {
         Ok(v) => v.into_pyobject(py)?.into_ptr(),
         Err(_) => value.into_pyobject(py)?.into_ptr(),
     })
 }
 
+/// An instance of the tuple type ``tp`` (``tuple_type``) holding ``fields``, whose references it takes.
+pub(crate) fn tuple_of<'py, const N: usize>(
+    py: Python<'py>,
+    tp: *mut ffi::PyTypeObject,
+    exact: bool,
+    fields: [*mut ffi::PyObject; N],
+) -> PyResult<Bound<'py, PyAny>> {
+    unsafe {
+        let n = N as ffi::Py_ssize_t;
+        let obj = if exact { ffi::PyTuple_New(n) } else { ((*tp).tp_alloc.unwrap())(tp, n) };
+        if obj.is_null() {
+            for item in fields {
+                ffi::Py_DECREF(item);
+            }
+            return Err(PyErr::fetch(py));
+        }
+        for (i, item) in fields.into_iter().enumerate() {
+            ffi::PyTuple_SET_ITEM(obj, i as ffi::Py_ssize_t, item);
+        }
+        Ok(Bound::from_owned_ptr(py, obj))
+    }
+}
+
 /// Checks that ``cls`` is tuple or a tuple subclass laid out as a tuple (no instance dict or extra
 /// slots: ``__slots__ = ()``), so its instances can be allocated as tuple.__new__ allocates them.
-fn tuple_type(cls: &Bound<'_, PyType>) -> PyResult<(*mut ffi::PyTypeObject, bool)> {
+pub(crate) fn tuple_type(cls: &Bound<'_, PyType>) -> PyResult<(*mut ffi::PyTypeObject, bool)> {
     let tp = cls.as_type_ptr();
     unsafe {
         let tuple = &raw mut ffi::PyTuple_Type;
@@ -236,19 +260,7 @@ fn decode_records<'py>(
                 blob(f.value),
                 header_tuple.into_ptr(),
             ];
-            unsafe {
-                let obj = if exact { ffi::PyTuple_New(5) } else { ((*tp).tp_alloc.unwrap())(tp, 5) };
-                if obj.is_null() {
-                    for item in fields {
-                        ffi::Py_DECREF(item);
-                    }
-                    return Err(PyErr::fetch(py));
-                }
-                for (i, item) in fields.into_iter().enumerate() {
-                    ffi::PyTuple_SET_ITEM(obj, i as ffi::Py_ssize_t, item);
-                }
-                out.push(Bound::from_owned_ptr(py, obj));
-            }
+            out.push(tuple_of(py, tp, exact, fields)?);
         }
         Ok((PyList::new(py, out)?, pos))
     })?
@@ -331,6 +343,7 @@ fn tiering_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_answer_scan, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_request_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(window::checked_window, m)?)?;
     m.add_class::<columns::ColumnDecoder>()?;
     m.add_class::<fetch_lane::FetchLane>()?;
     m.add_class::<remote_lane::RemoteLane>()?;
