@@ -63,7 +63,7 @@ if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
 echo "setup: fetching Kafka, Delta and Spark Kafka source jars and building MinIO (first time only; minutes)"
 python3 -m tiering dev fetch
 echo "setup: building the Spark export's JVM reader (reader/spark/jvm/, javac against PySpark's jars; seconds)"
-python3 -c 'from deploy.spark_jars import spark_jars; from reader.spark.jvm_jar import source_jar; source_jar(spark_jars())'
+python3 -m reader.spark.jvm_jar
 # Iceberg's REST catalog server, the third catalog of the Iceberg export's tests (deploy/iceberg_rest.py; its jars are
 # fetched on a test's first use otherwise).
 echo "setup: fetching Iceberg's REST catalog server jars (first time only)"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tiering_core.cache import cache_dir
 from tiering_core.errors import TieringError
-from tiering_core.spark_jars import artifact, pyspark_jars
+from tiering_core.spark_jars import artifact, pyspark_jars, spark_jars
 
 SOURCES = Path(__file__).with_name("jvm")
 JAR_NAME = "kafka-tiered-spark-source.jar"
@@ -68,3 +68,7 @@ def _build(jar: Path, spark_dir: Path, kafka_clients: Path) -> None:
                 if path.is_file():
                     out.write(path, path.relative_to(SOURCES).as_posix())
         os.replace(built, jar)  # atomic: a concurrent build leaves one whole jar
+
+
+if __name__ == "__main__":  # python -m reader.spark.jvm_jar: the jar's path, built first if needed
+    print(source_jar(spark_jars()))
