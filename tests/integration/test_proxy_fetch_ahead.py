@@ -1,11 +1,11 @@
 """Fetch ahead (``reader/proxy/fetch_ahead.py``) on the real stack: the next Fetch of a client that reads on is asked
 of the broker before the client sends it, and the client gets that answer only when its Fetch is the one predicted.
 Readers we did not write (kcat, Kafka's Java console consumer) and four confluent-kafka consumers of 24 partitions
-read every record byte for byte with no offset missing; held answers are served (the metric shows it, under a max
-age no load reaches: ``UNHURRIED``); a consumer that seeks back in the middle of a catch-up (its Fetch is not the
-one predicted) gets exactly the records at its new offset, and so does one behind a proxy whose held answers would
-always be too old (none is served); a client that asks for a held answer after the max age gets the broker's own
-answer."""
+read every record byte for byte with no offset missing; held answers are served to single-partition catch-ups
+(the metric shows it, under a max age no load reaches: ``UNHURRIED``); a consumer that seeks back in the middle of a
+catch-up (its Fetch is not the one predicted) gets exactly the records at its new offset, and so does one behind a
+proxy whose held answers would always be too old (none is served); a client that asks for a held answer after the
+max age gets the broker's own answer."""
 
 from __future__ import annotations
 
@@ -76,7 +76,10 @@ def test_consumers_of_many_partitions_and_kcat_read_byte_for_byte_with_fetches_a
             check_exact([(o, (k, v, [])) for o, k, v in single_kcat.result()], single_produced[0])
         outcomes = _outcomes(proxy)
     print("fetch ahead:", outcomes)
-    assert outcomes["served"] > 0, outcomes
+    # How many of these readers' Fetches are asked ahead depends on the machine's timing (consumers of 24 partitions
+    # change their Fetches as their queues fill; 2-10 answers were served in local runs, none in one CI run): that
+    # held answers are served is asserted where the next Fetch is predictable, by the single-partition catch-ups
+    # below (Kafka's console consumer, the consumer that seeks back).
 
 
 def test_the_java_console_consumer_reads_every_record_with_fetches_asked_ahead(
