@@ -55,7 +55,7 @@ def _outcomes(proxy: ProxyServer) -> dict[str, float]:
     return {o: counter.labels(o)._value.get() for o in ("served", "missed", "stale", "unusable")}
 
 
-def test_consumers_of_many_partitions_and_kcat_read_byte_for_byte_with_fetches_asked_ahead(
+def test_consumers_of_many_partitions_and_kcat_read_byte_for_byte_with_fetch_ahead_on(
     stack: Endpoints, tmp_path: Path, many: tuple[str, Produced], one: tuple[str, Produced]
 ) -> None:
     topic, produced = many
